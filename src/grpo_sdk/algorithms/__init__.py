@@ -1,0 +1,1 @@
+"""Algorithm math in pure torch: the clipped policy-gradient loss and its helpers."""

@@ -1,0 +1,35 @@
+"""Temperature, top-k and top-p as one logits transform, shared by sampling and training.
+
+Generation samples from ``log_softmax(filter(logits / T))`` and reports those logprobs; the
+policy scores tokens with the same transform, so a generation backend and the policy agree on
+what "the logprob of a sampled token" means (``token_mult_prob_error`` near 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float = 1.0) -> torch.Tensor:
+    """``logits[..., V]`` scaled by 1/temperature, with tokens outside top-k / top-p set to -inf."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    vocab = logits.shape[-1]
+    if top_k is not None and 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass before it already reaches top_p; the top token always stays.
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)`` at ``tokens`` without materialising the full log-softmax."""
+    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

@@ -1,0 +1,1 @@
+"""Generation and policy backends; each registers through the entry points in pyproject.toml."""

@@ -1,0 +1,42 @@
+"""Loading models and tokenizers with errors that name the path, and the shared forward pass."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_sdk.algorithms.sampling import process_logits, token_logprobs
+from grpo_sdk.core.errors import ModelLoadError
+from grpo_sdk.core.models import check_model_source
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(name: str, *, dtype: str, device: str, attn_implementation: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    check_model_source(name)
+    kwargs = {"dtype": DTYPES[dtype]}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(f"policy.model_name: could not load {name!r}: {exc}".splitlines()[0]) from exc
+    # No dropout anywhere: eval mode keeps the logprobs of the sampler, of the old policy and of
+    # the training forward pass identical for identical weights (gradients still flow).
+    return model.to(device).eval()
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, so a left-padded prompt sees the positions it would alone."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float,
+                      top_k: int | None, top_p: float) -> torch.Tensor:
+    """Input-aligned ``[B, S]`` logprobs of ``input_ids`` (column 0 is 0), in float32."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids_for(attention_mask), use_cache=False).logits
+    logits = process_logits(logits[:, :-1].float(), temperature, top_k, top_p)
+    logprobs = token_logprobs(logits, input_ids[:, 1:])
+    return torch.nn.functional.pad(logprobs, (1, 0))

@@ -1,0 +1,23 @@
+"""Entry-point targets of the hf backend (light: no torch here)."""
+
+from grpo_sdk.plugins import ComponentSpec
+
+GENERATION = ComponentSpec(
+    name="hf",
+    kind="generation",
+    impl="grpo_sdk.backends.hf.generation:HFGeneration",
+    config="grpo_sdk.backends.hf.config:HFGenerationConfig",
+    requires=("torch", "transformers"),
+    capabilities={"colocated", "inprocess"},
+    summary="Batched KV-cache sampling with transformers models (CPU or one GPU).",
+)
+
+POLICY = ComponentSpec(
+    name="hf",
+    kind="policy",
+    impl="grpo_sdk.backends.hf.policy:HFPolicy",
+    config="grpo_sdk.backends.hf.config:HFPolicyConfig",
+    requires=("torch", "transformers"),
+    capabilities={"colocated", "inprocess"},
+    summary="Training of transformers causal LMs: micro-batches, AdamW, grad clipping, LR schedule.",
+)

@@ -1,0 +1,1 @@
+"""The `grpoctl` command line."""

@@ -1,0 +1,74 @@
+"""`grpoctl`: the root Typer app and its entry point.
+
+Nothing here imports torch: `grpoctl --help`, `plugins list` and `config validate` stay fast
+and work where torch is broken. `run` and `doctor` import it when they need it.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import typer
+
+from grpo_sdk.cli import config_cmd, doctor_cmd, plugins_cmd, run_cmd
+from grpo_sdk.cli.common import EPILOG, STATE
+from grpo_sdk.core.errors import ExitCode, GrpoSdkError
+
+app = typer.Typer(
+    name="grpoctl",
+    help="Train language models with GRPO-family RL; backends, estimators and environments are plugins.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,  # tracebacks would print locals: tensors, prompts, API keys
+    rich_markup_mode=None,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from grpo_sdk import __version__
+
+        print(f"grpo-sdk {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                      help="Print the version and exit.")) -> None:
+    """grpoctl: GRPO post-training from the command line."""
+
+
+app.command("run", epilog=EPILOG, no_args_is_help=False)(run_cmd.run)
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(plugins_cmd.app, name="plugins")
+app.command("doctor", epilog=EPILOG)(doctor_cmd.doctor)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `grpoctl` script: loads hook plugins, then runs the command."""
+    from grpo_sdk.plugins.host import PluginHost
+
+    STATE.host, STATE.registry = PluginHost(), None
+    try:
+        STATE.host.load_entry_points()
+    except GrpoSdkError as exc:  # only under GRPO_SDK_STRICT_PLUGINS
+        print(f"error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    for plugin in STATE.host.plugins:
+        if plugin.status != "ok":
+            print(f"grpo-sdk: warning: hook plugin {plugin.name!r} failed to load: {plugin.problem}", file=sys.stderr)
+    STATE.host.cli_commands(app)
+    try:
+        app(args=argv, standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # noqa: BLE001 - last resort: a bug, not a user error
+        traceback.print_exc()
+        return int(ExitCode.FAILED)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared state of one `grpoctl` invocation and the error-to-exit-code mapping."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import typer
+
+from grpo_sdk.core.errors import ExitCode, GrpoSdkError
+
+EPILOG = ("Exit codes: 0 ok, 1 run failed, 2 usage or config error, 3 plugin error, "
+          "4 doctor check failed, 130 interrupted.")
+
+
+class _State:
+    host: Any = None
+    registry: Any = None
+
+
+STATE = _State()
+
+
+def get_registry():
+    """The registry of this invocation, discovered on first use with the already-loaded hooks."""
+    from grpo_sdk.plugins.host import PluginHost
+    from grpo_sdk.plugins.registry import Registry
+
+    if STATE.host is None:  # commands called without main() (tests, embedding)
+        STATE.host = PluginHost()
+        STATE.host.load_entry_points()
+    if STATE.registry is None:
+        STATE.registry = Registry.discover(host=STATE.host)
+        for info in STATE.registry.problems():
+            print(f"grpo-sdk: warning: {info.kind} {info.name!r} ({info.dist}): {info.status}: {info.problem}",
+                  file=sys.stderr)
+    return STATE.registry
+
+
+def fail(message: str, code: ExitCode) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(int(code))
+
+
+def guarded(fn: Callable[[], Any]) -> Any:
+    """Run a command body, mapping grpo-sdk errors and Ctrl-C to their exit codes."""
+    try:
+        return fn()
+    except GrpoSdkError as exc:
+        fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise typer.Exit(int(ExitCode.INTERRUPTED))

@@ -1,0 +1,124 @@
+"""`grpoctl run`: train. With no ``-c`` it trains the built-in recipe on the CPU."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from grpo_sdk.cli.common import STATE, get_registry, guarded
+from grpo_sdk.core.errors import ConfigError
+
+
+def run(
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides: grpo.num_prompts_per_step=8, "
+                                                    "~key to reset a key to its default."),
+    config: Optional[list[Path]] = typer.Option(None, "-c", "--config", help="Config YAML; repeat to layer files. "
+                                                "Without one, the built-in recipe runs."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory; default "
+                                           "<logger.log_dir>/grpo-<timestamp>."),
+    plugin_modules: Optional[list[str]] = typer.Option(None, "-p", "--plugin", help="Import MODULE as a hook "
+                                                       "plugin for this run (quick hacks, like pytest -p)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar; default: "
+                                            "on when stdout is a terminal."),
+) -> None:
+    """Train with GRPO. Writes config, plugin versions, metrics.jsonl and a final checkpoint to the run dir."""
+    guarded(lambda: _run(overrides or [], [str(c) for c in config or []], run_dir, plugin_modules or [], progress))
+
+
+def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
+         progress: bool | None) -> None:
+    from grpo_sdk.core.config_loader import load_config
+
+    registry = get_registry()
+    for module in plugin_modules:
+        STATE.host.load_module(module)
+    if plugin_modules:  # the new modules may register components or config sections
+        from grpo_sdk.plugins.registry import Registry
+
+        registry = STATE.registry = Registry.discover(host=STATE.host)
+    cfg = load_config(files, overrides, registry)
+    run_dir = run_dir or Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError([("--run-dir", f"{run_dir} already holds a run (metrics.jsonl); choose another directory")])
+
+    from grpo_sdk.core.loop import GRPOTrainer  # imports torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress
+
+    show_bar = progress if progress is not None else (sys.stdout.isatty() and not os.environ.get("CI"))
+    total = cfg.grpo.max_num_steps
+    print(f"grpoctl run: {cfg.policy.model_name} | {cfg.env.name} | {cfg.grpo.adv_estimator.name} | "
+          f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt} generations | "
+          f"{total} steps | run dir {run_dir}", flush=True)
+    trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry)
+    trainer.setup()
+    reporter = BarReporter(total) if show_bar else LineReporter(total)
+    try:
+        with reporter:
+            summary = trainer.train(on_step=reporter.update)
+    finally:
+        trainer.shutdown()
+    print(f"\nreward {summary.reward_first:.3f} -> {summary.reward_last:.3f} (first step -> mean of the last "
+          f"{min(10, summary.steps)}) in {summary.steps} steps, {summary.seconds:.1f} s")
+    if summary.example:
+        ex = summary.example
+        print(f"example: {ex['prompt']!r} -> {ex['response']!r} (reward {ex['reward']:.2f})")
+    print(f"run dir: {summary.run_dir}")
+    if summary.checkpoint:
+        print(f"checkpoint: {summary.checkpoint}")
+
+
+def _fields(metrics: dict[str, float]) -> tuple[float, float, float]:
+    return metrics["reward/mean"], metrics.get("kl_penalty", 0.0), metrics["perf/tokens_per_sec"]
+
+
+class LineReporter:
+    """Plain lines, for logs and pipes: the first step, about 40 lines in between, and the last."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.every = max(1, total // 40)
+        self.start = time.perf_counter()
+
+    def __enter__(self) -> LineReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if step == 1 or step % self.every == 0 or step == self.total:
+            reward, kl, tps = _fields(metrics)
+            print(f"step {step}/{self.total}  reward {reward:.3f}  kl {kl:.4f}  tok/s {tps:,.0f}  "
+                  f"elapsed {time.perf_counter() - self.start:.1f}s", flush=True)
+
+
+class BarReporter:
+    """A Rich progress bar on a terminal."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
+                                 TimeElapsedColumn(), TimeRemainingColumn())
+        self.task = self.progress.add_task("train", total=total, info="")
+
+    def __enter__(self) -> BarReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        reward, kl, tps = _fields(metrics)
+        self.progress.update(self.task, completed=step,
+                             info=f"reward {reward:.3f}  kl {kl:.4f}  {tps:,.0f} tok/s")

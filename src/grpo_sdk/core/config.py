@@ -1,0 +1,245 @@
+"""The run configuration: attrs classes, every field documented where it is declared.
+
+Section and key names follow NeMo-RL's GRPO (``grpo.*``, ``loss_fn.*``, ``policy.*``,
+``policy.generation.*``, ``data.*``, ``env.*``, ``logger.*``, ``checkpointing.*``,
+``cluster.*``) where they still mean the same thing. Defaults follow NeMo-RL's defaults; the
+built-in recipe (``grpo_sdk/recipes/tiny_reverse.yaml``) is what `grpoctl run` uses when no
+``-c`` file is given.
+
+Pluggable sections name a plugin with a selector key and hold one block per plugin, keyed by
+the plugin's name; only the selected block is validated, against that plugin's config class::
+
+    policy:
+      generation:
+        backend: hf          # selector: a name in the grpo_sdk.generation group
+        max_new_tokens: 5    # fields every backend shares
+        hf: {}               # the hf backend's own block
+        vllm: {gpu_memory_utilization: 0.6}   # ignored unless backend=vllm
+
+``grpo_sdk.core.config_loader`` structures YAML into these classes and reports every problem at
+once. ``grpoctl config schema`` prints the help texts below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+from attrs import validators as v
+
+
+def option(default: Any = attrs.NOTHING, help: str = "", *, factory: Any = None, validator: Any = None) -> Any:
+    """An attrs field with its documentation attached (``grpoctl config schema`` prints it)."""
+    if factory is not None:
+        return attrs.field(factory=factory, validator=validator, metadata={"help": help})
+    return attrs.field(default=default, validator=validator, metadata={"help": help})
+
+
+def _internal() -> Any:
+    # Filled by the loader from the plugin blocks; not a key users write.
+    return attrs.field(factory=dict, metadata={"internal": True})
+
+
+@attrs.frozen(kw_only=True)
+class PluginSlot:
+    """Marks a section as pluggable: which component kind it selects and by which key."""
+
+    kind: str
+    selector: str
+    many: bool = False  # the selector holds a list of names (loggers)
+
+
+positive = v.gt(0)
+non_negative = v.ge(0)
+
+
+# --- grpo -----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AdvEstimatorConfig:
+    __plugin__ = PluginSlot(kind="estimator", selector="name")
+
+    name: str = option("grpo", "Advantage estimator, a name in the grpo_sdk.estimators group.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+@attrs.frozen(kw_only=True)
+class GRPOConfig:
+    num_prompts_per_step: int = option(32, "Prompts drawn per step; the rollout batch is "
+                                       "num_prompts_per_step x num_generations_per_prompt rows.", validator=positive)
+    num_generations_per_prompt: int = option(16, "Responses sampled per prompt: the group size G "
+                                             "the advantage baseline is taken over.", validator=positive)
+    max_num_steps: int = option(1000000, "Stop after this many training steps.", validator=positive)
+    max_num_epochs: int = option(1, "Stop after this many passes over a finite dataset.", validator=positive)
+    seed: int = option(42, "Seed of every random number generator (data order, sampling, init).")
+    adv_estimator: AdvEstimatorConfig = option(factory=AdvEstimatorConfig,
+                                               help="Advantage estimator: selector `name` plus one block per estimator.")
+
+
+# --- loss_fn --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LossConfig:
+    ratio_clip_min: float = option(0.2, "Lower clip of the importance ratio: 1 - ratio_clip_min.", validator=non_negative)
+    ratio_clip_max: float = option(0.2, "Upper clip of the importance ratio: 1 + ratio_clip_max "
+                                   "(DAPO's clip-higher uses 0.28).", validator=non_negative)
+    reference_policy_kl_penalty: float = option(0.01, "KL penalty coefficient (beta) to the reference "
+                                                "policy; 0 skips the reference model entirely.", validator=non_negative)
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (Schulman): k1, k2 or k3.")
+    kl_input_clamp_value: float | None = option(20.0, "Clamp of the log-ratio before the KL estimator; null disables.")
+    kl_output_clamp_value: float | None = option(10.0, "Clamp of the per-token KL; null disables.")
+    token_level_loss: bool = option(True, "True: mean over all valid tokens of the global batch. "
+                                    "False: mean per sequence, then over sequences.")
+
+
+# --- policy ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TokenizerConfig:
+    name: str | None = option(None, "Tokenizer directory or hub name; null uses policy.model_name.")
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerConfig:
+    name: Literal["adamw"] = option("adamw", "Optimizer; AdamW (torch.optim.AdamW).")
+    lr: float = option(5.0e-6, "Peak learning rate.", validator=positive)
+    weight_decay: float = option(0.01, "Decoupled weight decay.", validator=non_negative)
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam betas.")
+    eps: float = option(1e-8, "Adam epsilon.", validator=positive)
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerConfig:
+    name: Literal["constant", "linear", "cosine"] = option("constant", "Learning-rate schedule after warmup; "
+                                                           "linear and cosine decay to min_lr_ratio x lr at max_num_steps.")
+    warmup_steps: int = option(0, "Optimizer steps of linear warmup from 0.", validator=non_negative)
+    min_lr_ratio: float = option(0.0, "Final learning rate as a fraction of lr (linear, cosine).", validator=non_negative)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationConfig:
+    __plugin__ = PluginSlot(kind="generation", selector="backend")
+
+    backend: str = option("hf", "Generation backend, a name in the grpo_sdk.generation group.")
+    max_new_tokens: int = option(512, "Most tokens sampled per response.", validator=positive)
+    temperature: float = option(1.0, "Sampling temperature; training logprobs use the same temperature.",
+                                validator=positive)
+    top_p: float = option(1.0, "Nucleus sampling mass; 1.0 disables.", validator=[v.gt(0), v.le(1)])
+    top_k: int | None = option(None, "Top-k sampling; null or 0 disables.")
+    stop_token_ids: list[int] = option(factory=list, help="Token ids that end a response besides the tokenizer's EOS.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+@attrs.frozen(kw_only=True)
+class PolicyConfig:
+    __plugin__ = PluginSlot(kind="policy", selector="backend")
+
+    model_name: str = option(help="Model directory or hub name; `builtin:tiny-gpt2` builds the tiny "
+                             "built-in model locally.")
+    backend: str = option("hf", "Policy (training) backend, a name in the grpo_sdk.policy group.")
+    tokenizer: TokenizerConfig = option(factory=TokenizerConfig, help="Tokenizer settings.")
+    train_global_batch_size: int | None = option(None, "Rows per optimizer step; null: the whole rollout "
+                                                 "batch (one optimizer step per GRPO step).")
+    train_micro_batch_size: int = option(4, "Rows per forward/backward pass; gradients accumulate over "
+                                         "micro-batches.", validator=positive)
+    logprob_batch_size: int = option(4, "Rows per forward pass when computing logprobs without grad.",
+                                     validator=positive)
+    max_total_sequence_length: int = option(512, "Longest prompt + response, in tokens.", validator=positive)
+    precision: Literal["float32", "bfloat16", "float16"] = option("float32", "Parameter dtype of the policy.")
+    max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.")
+    optimizer: OptimizerConfig = option(factory=OptimizerConfig, help="Optimizer settings.")
+    scheduler: SchedulerConfig = option(factory=SchedulerConfig, help="Learning-rate schedule.")
+    generation: GenerationConfig = option(factory=GenerationConfig, help="Rollout generation settings.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+# --- data, env ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    train_path: str | None = option(None, "JSONL file of training prompts, one object per line; null: "
+                                    "the environment generates prompts (synthetic tasks).")
+    prompt_key: str = option("prompt", "Key of the prompt text in each row; the other keys are passed "
+                             "to the environment as metadata.")
+    max_input_seq_length: int | None = option(None, "Longest prompt in tokens; null: "
+                                              "max_total_sequence_length - max_new_tokens.")
+    shuffle: bool = option(True, "Shuffle the dataset every epoch (seeded by grpo.seed).")
+
+
+@attrs.frozen(kw_only=True)
+class EnvConfig:
+    __plugin__ = PluginSlot(kind="environment", selector="name")
+
+    name: str = option("reverse_digits", "Environment that scores responses, a name in the "
+                       "grpo_sdk.environments group.")
+    on_reward_error: Literal["raise", "mask"] = option("raise", "When the environment raises or returns a "
+                                                       "non-finite reward for a sample: `raise` stops the run "
+                                                       "naming the sample; `mask` drops the sample from the loss "
+                                                       "and counts it in reward/num_failed.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+# --- infrastructure -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class WeightSyncConfig:
+    __plugin__ = PluginSlot(kind="weight_sync", selector="backend")
+
+    backend: str = option("inprocess", "Weight-sync transport, a name in the grpo_sdk.weight_sync group.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+@attrs.frozen(kw_only=True)
+class LoggerConfig:
+    __plugin__ = PluginSlot(kind="logger", selector="loggers", many=True)
+
+    log_dir: str = option("runs", "Parent directory of run directories (grpoctl run --run-dir overrides).")
+    loggers: list[str] = option(factory=lambda: ["jsonl"], help="Metric sinks, names in the grpo_sdk.loggers group.")
+    blocks: dict[str, Any] = _internal()
+    configs: dict[str, Any] = _internal()
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointingConfig:
+    enabled: bool = option(True, "Save the final policy (safetensors, config, tokenizer) when the run ends.")
+    checkpoint_dir: str | None = option(None, "Where checkpoints go; null: <run_dir>/checkpoints.")
+
+
+@attrs.frozen(kw_only=True)
+class ClusterConfig:
+    runtime: Literal["local"] = option("local", "Where components run: `local` is in-process.")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "Torch device; auto picks cuda when available.")
+    num_threads: int | None = option(1, "torch.set_num_threads for the run; null keeps torch's default. "
+                                     "One thread is fastest for small models on shared CPUs.")
+
+
+@attrs.frozen(kw_only=True)
+class MasterConfig:
+    """The whole run configuration."""
+
+    policy: PolicyConfig = option(help="The trained model, its optimizer and its generation settings.")
+    grpo: GRPOConfig = option(factory=GRPOConfig, help="Algorithm: batch shape, steps, advantage estimator.")
+    loss_fn: LossConfig = option(factory=LossConfig, help="Clipped policy-gradient loss.")
+    data: DataConfig = option(factory=DataConfig, help="Training prompts.")
+    env: EnvConfig = option(factory=EnvConfig, help="Environment that scores responses.")
+    weight_sync: WeightSyncConfig = option(factory=WeightSyncConfig, help="Policy -> generation weight transport.")
+    logger: LoggerConfig = option(factory=LoggerConfig, help="Run directory and metric sinks.")
+    checkpointing: CheckpointingConfig = option(factory=CheckpointingConfig, help="Checkpoints.")
+    cluster: ClusterConfig = option(factory=ClusterConfig, help="Devices and runtime.")
+    extra_sections: dict[str, Any] = _internal()
+
+
+def plugin_config(section: Any, name: str | None = None) -> Any:
+    """The structured config block of the selected plugin of a pluggable section."""
+    slot: PluginSlot = type(section).__plugin__
+    return section.configs.get(name if name is not None else getattr(section, slot.selector))

@@ -1,0 +1,184 @@
+"""The five protocols the training loop talks to, plus the loss and logger callables.
+
+The loop never asks which backend it drives: it calls these methods and nothing else. Every
+implementation is constructed the same way, ``Impl(config, context)``: ``config`` is the
+component's own structured config block (an instance of its spec's ``config`` class, or None)
+and ``context`` is the ``RunContext`` of the run (resolved config, run directory, model path,
+seed). See ``grpo_sdk.core.context``.
+
+Tensors follow the conventions of ``grpo_sdk.core.records``: input-aligned ``[B, S]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from grpo_sdk.core.records import (
+        EnvironmentReturn,
+        GenerationInput,
+        GenerationOutput,
+        MessageLog,
+        SamplingParams,
+        SyncStats,
+        TrainBatch,
+    )
+
+
+@runtime_checkable
+class Generation(Protocol):
+    """Samples responses with per-token logprobs, and takes new weights from the policy.
+
+    Example (the built-in ``hf`` backend)::
+
+        gen = HFGeneration(HFGenerationConfig(), context)
+        gen.prepare_for_generation()
+        out = gen.generate(GenerationInput(input_ids=ids, attention_mask=am),
+                           SamplingParams(max_new_tokens=5, temperature=1.0))
+        gen.finish_generation()
+        out.response_ids.shape     # [B, <=5]
+        out.logprobs[0, :3]        # logprobs of the first three sampled tokens of row 0
+        gen.update_weights(policy.named_weights(), version=1)
+    """
+
+    def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
+        """Sample one response per row; stop each row at EOS (or a stop token) or max_new_tokens."""
+        ...
+
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]], *, version: int) -> None:
+        """Load new weights (names as in the policy's ``named_weights``) without a restart."""
+        ...
+
+    def prepare_for_generation(self) -> None:
+        """Wake up (onload weights and caches) before a round of generation."""
+        ...
+
+    def finish_generation(self) -> None:
+        """Release what a colocated policy needs for training (sleep, free the KV cache)."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """The trained model: logprobs, reference logprobs, optimizer steps, checkpoints.
+
+    Example::
+
+        policy = HFPolicy(HFPolicyConfig(), context)
+        batch.prev_logprobs = policy.logprobs(batch)          # [B, S], column 0 is 0
+        metrics = policy.train(batch, ClippedPGLoss(loss_cfg))
+        metrics["loss"], metrics["grad_norm"]
+        for name, tensor in policy.named_weights(): ...       # what weight sync sends
+    """
+
+    def logprobs(self, batch: TrainBatch) -> Tensor:
+        """Input-aligned logprobs of ``batch.input_ids`` under the current weights (no grad)."""
+        ...
+
+    def reference_logprobs(self, batch: TrainBatch) -> Tensor:
+        """The same under the frozen reference policy (the initial weights)."""
+        ...
+
+    def train(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
+        """Optimizer step(s) on ``batch``; the loss is normalised over the whole global batch."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The weights to send to generation, as (name, tensor) pairs."""
+        ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+    def offload(self) -> None:
+        """Move training state off the accelerator (colocated generation needs the memory)."""
+        ...
+
+    def onload(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Scores (and, multi-turn, answers) a batch of conversations.
+
+    Example (the built-in ``reverse_digits`` task)::
+
+        env = ReverseDigitsEnvironment(ReverseDigitsConfig(), context)
+        log = [Message(role="user", content="12345>"), Message(role="assistant", content="54321")]
+        ret = env.step([log], [{"target": "54321"}])
+        ret.rewards        # {"correct_digits": [1.0]}
+        ret.metrics        # {"exact_match": 1.0}
+
+    Environments that also make their own prompts (synthetic tasks) implement
+    ``sample_prompts(num_prompts, rng) -> list[tuple[str, dict]]``; the loop uses it when no
+    dataset is configured.
+    """
+
+    def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
+        ...
+
+
+@runtime_checkable
+class AdvantageEstimator(Protocol):
+    """Turns rewards into per-token advantages. Pure torch, no I/O.
+
+    ``rewards`` is ``[B]``, ``group_ids`` ``[B]`` (rows of one prompt share an id), ``mask``
+    ``[B, S]`` (token mask times sample mask). ``extras`` carries what some estimators need:
+    ``reward_components`` (dict of ``[B]``), ``valid_mask`` (``[B]`` bool, rows whose reward
+    is usable), ``prev_logprobs``, ``reference_logprobs``, ``teacher_logprobs``, ``metadata``.
+    An estimator takes what it needs and ignores the rest, so a new extra breaks nobody.
+
+    Example::
+
+        est = GRPOEstimator(GRPOEstimatorConfig(use_leave_one_out_baseline=False), context)
+        est.compute_advantages(torch.tensor([2., 2., 1., 3.]), torch.tensor([0, 0, 1, 1]),
+                               torch.ones(4, 3))
+        # rows: [0, 0, 0], [0, 0, 0], [-0.7071]*3, [0.7071]*3
+    """
+
+    def compute_advantages(self, rewards: Tensor, group_ids: Tensor, mask: Tensor, **extras: Any) -> Tensor:
+        ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves the policy's weights into the generation backend and bumps the weight version.
+
+    Example::
+
+        sync = InProcessWeightSync(None, context)
+        stats = sync.sync_weights(policy, generation, version=3)
+        stats.num_bytes, stats.seconds
+    """
+
+    def sync_weights(self, policy: Policy, generation: Generation, *, version: int) -> SyncStats:
+        ...
+
+
+class LossFunction(Protocol):
+    """A loss over one micro-batch, normalised by counts over the whole global batch.
+
+    ``logprobs`` are the current input-aligned logprobs of the micro-batch (with grad).
+    Dividing by the *global* token and sequence counts makes the summed micro-batch gradients
+    equal to the full-batch gradient, whatever the micro-batch size.
+    """
+
+    def __call__(self, logprobs: Tensor, batch: TrainBatch, *, global_valid_seqs: Tensor,
+                 global_valid_toks: Tensor) -> tuple[Tensor, dict[str, float]]:
+        ...
+
+
+@runtime_checkable
+class Logger(Protocol):
+    """A sink for per-step scalar metrics (``grpo_sdk.loggers``)."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,129 @@
+"""Records that cross the protocol boundaries.
+
+Conventions, once for every record:
+
+* Rows are samples: ``B = num_prompts_per_step * num_generations_per_prompt``; the rows of one
+  prompt share a ``group_id``.
+* Token tensors are *input-aligned* ``[B, S]``: column ``t`` of a logprob tensor holds
+  ``log p(token_t | tokens_<t)``, so column 0 is always 0. Prompts are left-padded and responses
+  right-padded, so every response starts at the same column.
+* ``token_mask`` is 1 exactly on generated tokens, up to and including the token that stopped
+  the sequence; ``sample_mask`` (one float per row) removes whole samples from the loss.
+
+Records holding tensors use ``eq=False``: comparing tensors with ``==`` does not give a bool.
+This module imports no torch; tensor fields are typed for readers and type checkers only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    """How to sample responses."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None  # None or 0: no top-k filter
+    stop_token_ids: tuple[int, ...] = ()  # stop on these as well as on the tokenizer's EOS
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    """One turn of a conversation, with the exact token ids the policy is trained on."""
+
+    role: str  # "user", "assistant", "environment", "system"
+    content: str
+    token_ids: tuple[int, ...] = ()
+    generation_logprobs: tuple[float, ...] | None = None  # set on generated (assistant) turns
+
+
+MessageLog = list[Message]
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GenerationInput:
+    """Left-padded prompt tokens for one generation call."""
+
+    input_ids: Tensor  # [B, P] long, left-padded with pad_token_id
+    attention_mask: Tensor  # [B, P] long, 0 on padding
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class GenerationOutput:
+    """What a generation backend returns for a ``GenerationInput``."""
+
+    response_ids: Tensor  # [B, R] long, right-padded with pad_token_id
+    response_lengths: Tensor  # [B] long: generated tokens, including the stop token if sampled
+    logprobs: Tensor  # [B, R] float: logprob of each sampled token under the sampling distribution; 0 on padding
+    truncated: Tensor  # [B] bool: reached max_new_tokens without a stop token
+    weight_version: int = 0  # the policy version whose weights produced these samples
+
+
+@attrs.frozen(kw_only=True)
+class EnvironmentReturn:
+    """What ``Environment.step`` returns for a batch of message logs.
+
+    ``rewards`` maps a component name to one float per sample; the total reward of a sample is
+    the sum of its components. A single-reward environment returns ``{"reward": [...]}``.
+    """
+
+    rewards: dict[str, list[float]]
+    done: list[bool] | None = None  # None: every sample is done (single-turn)
+    observations: list[Message | None] | None = None  # the next environment turn, multi-turn only
+    metadata: list[dict[str, Any]] | None = None  # updated per-sample metadata
+    metrics: dict[str, float] = attrs.field(factory=dict)  # batch-level metrics, logged as env/<name>
+
+
+@attrs.define(kw_only=True, eq=False)
+class TrainBatch:
+    """Everything the policy and the loss see for one GRPO step.
+
+    The training loop fills ``prev_logprobs``, ``reference_logprobs`` and ``advantages`` as the
+    step proceeds; a policy backend slices the batch into micro-batches with ``rows``.
+    """
+
+    input_ids: Tensor  # [B, S] long
+    attention_mask: Tensor  # [B, S] long
+    token_mask: Tensor  # [B, S] float: 1 on generated tokens
+    sample_mask: Tensor  # [B] float: 0 removes a sample from the loss
+    generation_logprobs: Tensor  # [B, S] float, input-aligned
+    group_ids: Tensor  # [B] long
+    rewards: Tensor  # [B] float, total reward (after the reward pipeline)
+    advantages: Tensor | None = None  # [B, S] float
+    prev_logprobs: Tensor | None = None  # [B, S]; None: the loss uses the detached current logprobs
+    reference_logprobs: Tensor | None = None  # [B, S]; None when there is no KL penalty
+    extras: dict[str, Tensor] = attrs.field(factory=dict)  # [B, ...] tensors a loss variant needs
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def rows(self, start: int, stop: int) -> TrainBatch:
+        """Rows ``start:stop`` of every tensor (a micro-batch view, no copy)."""
+        return self._map(lambda t: t[start:stop])
+
+    def to(self, device: Any) -> TrainBatch:
+        return self._map(lambda t: t.to(device))
+
+    def _map(self, fn) -> TrainBatch:
+        fields = {f.name: getattr(self, f.name) for f in attrs.fields(TrainBatch) if f.name != "extras"}
+        return TrainBatch(**{k: None if t is None else fn(t) for k, t in fields.items()},
+                          extras={k: fn(t) for k, t in self.extras.items()})
+
+
+@attrs.frozen(kw_only=True)
+class SyncStats:
+    """What a weight sync reports."""
+
+    version: int
+    num_tensors: int
+    num_bytes: int
+    seconds: float

@@ -1,0 +1,1 @@
+"""Built-in environments; ``specs`` holds their light entry-point targets and configs."""

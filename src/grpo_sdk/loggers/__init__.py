@@ -1,0 +1,1 @@
+"""Metric sinks (the ``grpo_sdk.loggers`` group)."""

@@ -1,0 +1,105 @@
+"""The public plugin API: the one module plugin authors import.
+
+Everything a backend, estimator, environment, weight-sync transport, logger or hook plugin
+needs is re-exported here; anything not listed in ``__all__`` is private and may change.
+Importing this module does not import torch.
+
+A minimal third-party estimator package::
+
+    # acme_estimators/spec.py  (light: imported by `grpoctl plugins list`)
+    from grpo_sdk.plugins import ComponentSpec
+    SPEC = ComponentSpec(name="median", kind="estimator",
+                         impl="acme_estimators.median:MedianBaseline",
+                         summary="Group median as the baseline.")
+
+    # acme_estimators/median.py  (heavy: imported when a run selects `grpo.adv_estimator.name: median`)
+    import torch
+    class MedianBaseline:
+        def __init__(self, config, context): ...
+        def compute_advantages(self, rewards, group_ids, mask, **extras):
+            ...
+            return advantages  # [B, S]
+
+    # pyproject.toml
+    [project.entry-points."grpo_sdk.estimators"]
+    median = "acme_estimators.spec:SPEC"
+"""
+
+from grpo_sdk.core.config import option
+from grpo_sdk.core.context import RunContext
+from grpo_sdk.core.errors import (
+    ConfigError,
+    DataError,
+    EnvironmentStepError,
+    ExitCode,
+    GrpoSdkError,
+    ModelLoadError,
+    NonFiniteError,
+    PluginError,
+)
+from grpo_sdk.core.protocols import (
+    AdvantageEstimator,
+    Environment,
+    Generation,
+    Logger,
+    LossFunction,
+    Policy,
+    WeightSync,
+)
+from grpo_sdk.core.records import (
+    EnvironmentReturn,
+    GenerationInput,
+    GenerationOutput,
+    Message,
+    MessageLog,
+    SamplingParams,
+    SyncStats,
+    TrainBatch,
+)
+from grpo_sdk.plugins.hookspecs import hookimpl, hookspec
+from grpo_sdk.plugins.specs import (
+    HOOKS_GROUP,
+    KINDS,
+    PLUGIN_API_VERSION,
+    SUPPORTED_PLUGIN_APIS,
+    ComponentInfo,
+    ComponentSpec,
+    ConfigSection,
+)
+
+__all__ = [
+    "AdvantageEstimator",
+    "ComponentInfo",
+    "ComponentSpec",
+    "ConfigError",
+    "ConfigSection",
+    "DataError",
+    "Environment",
+    "EnvironmentReturn",
+    "EnvironmentStepError",
+    "ExitCode",
+    "Generation",
+    "GenerationInput",
+    "GenerationOutput",
+    "GrpoSdkError",
+    "HOOKS_GROUP",
+    "KINDS",
+    "Logger",
+    "LossFunction",
+    "Message",
+    "MessageLog",
+    "ModelLoadError",
+    "NonFiniteError",
+    "PLUGIN_API_VERSION",
+    "PluginError",
+    "Policy",
+    "RunContext",
+    "SUPPORTED_PLUGIN_APIS",
+    "SamplingParams",
+    "SyncStats",
+    "TrainBatch",
+    "WeightSync",
+    "hookimpl",
+    "hookspec",
+    "option",
+]

@@ -1,0 +1,1 @@
+"""Weight-sync transports: how new policy weights reach the generation backend."""
