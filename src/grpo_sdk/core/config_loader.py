@@ -258,12 +258,14 @@ class Structurer:
                 problems.append((key, self._unknown_key_message(key, cls, fields, slot, data), False))
 
         for name, field in fields.items():
-            if name not in data:
-                if field.default is attrs.NOTHING:
-                    problems.append((name, "required field missing", False))
+            if name not in data and field.default is attrs.NOTHING:
+                problems.append((name, "required field missing", False))
+                continue
+            if name not in data and not attrs.has(field.type):
                 continue
             try:
-                values[name] = self._value(data[name], field.type)
+                # A section left out is structured from {} so its plugin blocks get their defaults too.
+                values[name] = self._value(data.get(name, {}), field.type)
             except _Problems as inner:
                 problems.extend((_join(name, p), m, pl) for p, m, pl in inner.items)
                 continue

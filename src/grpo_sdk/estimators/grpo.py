@@ -30,8 +30,12 @@ def baseline_and_std_per_group(rewards: torch.Tensor, group_ids: torch.Tensor, v
     """
     if rewards.numel() == 0:
         return rewards.clone(), rewards.clone()
-    valid = (torch.ones_like(rewards) if valid_mask is None else valid_mask.to(rewards.dtype))
-    signal = rewards if std_rewards is None else std_rewards
+    out_dtype = rewards.dtype
+    # float64 inside: leave-one-out sums (total - own) are then exact for float32 rewards, so a group
+    # of identical rewards gets exactly zero advantage, as upstream's matrix form gives.
+    rewards = rewards.double()
+    valid = torch.ones_like(rewards) if valid_mask is None else valid_mask.double()
+    signal = rewards if std_rewards is None else std_rewards.double()
     _, group = torch.unique(group_ids.reshape(len(rewards), -1), dim=0, return_inverse=True)
     num_groups = int(group.max()) + 1
 
@@ -46,14 +50,16 @@ def baseline_and_std_per_group(rewards: torch.Tensor, group_ids: torch.Tensor, v
     mean_sq = (group_sum(valid * signal * signal) - own * signal * signal) / k
     std = torch.sqrt((mean_sq - mean * mean) * k / (k - 1)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
     alone = n_valid <= 1
-    return torch.where(alone, rewards, baseline), torch.where(alone, torch.zeros_like(std), std)
+    baseline = torch.where(alone, rewards, baseline)
+    std = torch.where(alone, torch.zeros_like(std), std)
+    return baseline.to(out_dtype), std.to(out_dtype)
 
 
 def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, *, normalize_rewards: bool = True,
                     leave_one_out: bool = True, valid_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row ``[B]`` GRPO advantages."""
     baseline, std = baseline_and_std_per_group(rewards, group_ids, valid_mask, leave_one_out=leave_one_out)
-    advantages = rewards - baseline
+    advantages = rewards - baseline  # exact zero when every reward of the group is equal
     if normalize_rewards:
         advantages = torch.where(std > 0, advantages / (std + 1e-6), advantages)
     return advantages
