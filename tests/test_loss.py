@@ -143,6 +143,7 @@ def _random_batch(seed=0, rows=8, width=9, vocab=25):
 
 
 @pytest.mark.parametrize("token_level", [True, False])
+@pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)` has been overridden")
 def test_one_optimizer_step_does_not_depend_on_the_micro_batch_size(tiny_model_dir, token_level):
     """The accumulated gradient, the loss and the grad norm of HFPolicy.train are the same for
     micro-batches of 8, 4, 3 and 1 rows (ragged responses, a masked sample, a KL term)."""

@@ -28,6 +28,8 @@ def _load(files: Optional[list[Path]], overrides: Optional[list[str]]) -> C.Mast
 def show(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]] = FILES,
          format: str = typer.Option("yaml", "--format", help="yaml or json.")) -> None:
     """Print the resolved config: defaults < files < overrides, selected plugin blocks in full."""
+    if format not in ("yaml", "json"):
+        raise typer.BadParameter(f"{format!r} is not one of 'yaml', 'json'", param_hint="--format")
     def body() -> None:
         from grpo_sdk.core.config_loader import dump_config, to_yaml
 

@@ -149,7 +149,7 @@ class PolicyConfig:
                                          "micro-batches.", validator=positive)
     logprob_batch_size: int = option(4, "Rows per forward pass when computing logprobs without grad.",
                                      validator=positive)
-    max_total_sequence_length: int = option(512, "Longest prompt + response, in tokens.", validator=positive)
+    max_total_sequence_length: int = option(1024, "Longest prompt + response, in tokens.", validator=positive)
     precision: Literal["float32", "bfloat16", "float16"] = option("float32", "Parameter dtype of the policy.")
     max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.")
     optimizer: OptimizerConfig = option(factory=OptimizerConfig, help="Optimizer settings.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 def apply_override(raw: dict[str, Any], text: str) -> None:
     """Apply one ``key.path=value`` / ``~key.path`` override to a raw config in place."""
     if text.startswith("~"):
+        if "=" in text:
+            raise ConfigError([("", f"override {text!r}: `~key` resets a key to its default and takes no value")])
         *parents, leaf = text[1:].split(".")
         node = raw
         for part in parents:
@@ -141,17 +144,19 @@ def _strict_int(value: Any, _t: Any) -> int:
 def _strict_float(value: Any, _t: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a number, got {_describe(value)}")
+    number = None
     if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):  # PyYAML reads `1e-5` (no dot) as a string
+        number = float(value)
+    elif isinstance(value, str):  # PyYAML reads `1e-5` (no dot) as a string
         try:
             number = float(value)
         except ValueError:
             pass
-        else:
-            if not math.isnan(number):
-                return number
-    raise ValueError(f"expected a number, got {_describe(value)}")
+    if number is None:
+        raise ValueError(f"expected a number, got {_describe(value)}")
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {value!r} (use null to disable an optional setting)")
+    return number
 
 
 def _strict_bool(value: Any, _t: Any) -> bool:
@@ -201,12 +206,18 @@ class Structurer:
                 raise ConfigError(config + plugin) from None
             raise PluginError("\n".join(f"{p}: {m}" for p, m in plugin)) from None
 
-    def _value(self, value: Any, type_: Any) -> Any:
+    def _value(self, value: Any, type_: Any, path: str = "") -> Any:
         if attrs.has(type_):
-            return self._attrs(value, type_)
+            return self._attrs(value, type_, path)
         origin, args = typing.get_origin(type_), typing.get_args(type_)
         if type_ is Any:
             return value
+        if origin in (typing.Union, types.UnionType) and type(None) in args:
+            if value is None:
+                return None
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) == 1:
+                return self._value(value, rest[0], path)
         if origin is typing.Literal:
             if value not in args:
                 choices = ", ".join(repr(a) for a in args)
@@ -226,7 +237,7 @@ class Structurer:
                 items.append((where if where else "", text or message, False))
             raise _Problems(items) from None
 
-    def _attrs(self, data: Any, cls: type) -> Any:
+    def _attrs(self, data: Any, cls: type, path: str = "") -> Any:
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -244,8 +255,11 @@ class Structurer:
                 continue
             if slot is not None and self._is_block_key(slot, key):
                 name = key[: -len("_cfg")] if self.registry.info(slot.kind, key) is None else key
+                if name in blocks:
+                    problems.append((key, f"block {name!r} is given twice (as {name!r} and {name + '_cfg'!r})", False))
                 if value is not None and not isinstance(value, dict):
                     problems.append((key, f"a plugin block must be a mapping, got {_describe(value)}", False))
+                    value = {}
                 blocks[name] = value or {}
             elif cls is C.MasterConfig and key in self.sections:
                 try:
@@ -255,17 +269,20 @@ class Structurer:
                 except _Problems as inner:
                     problems.extend((_join(key, p), m, pl) for p, m, pl in inner.items)
             else:
-                problems.append((key, self._unknown_key_message(key, cls, fields, slot, data), False))
+                problems.append((key, self._unknown_key_message(key, cls, fields, slot, data, path), False))
 
         for name, field in fields.items():
-            if name not in data and field.default is attrs.NOTHING:
+            if name in data:
+                raw_value = data[name]
+            elif attrs.has(field.type):  # a section left out: structure {} so nested defaults and blocks fill in
+                raw_value = {}
+            elif field.default is attrs.NOTHING:
                 problems.append((name, "required field missing", False))
                 continue
-            if name not in data and not attrs.has(field.type):
+            else:
                 continue
             try:
-                # A section left out is structured from {} so its plugin blocks get their defaults too.
-                values[name] = self._value(data.get(name, {}), field.type)
+                values[name] = self._value(raw_value, field.type, f"{path}.{name}" if path else name)
             except _Problems as inner:
                 problems.extend((_join(name, p), m, pl) for p, m, pl in inner.items)
                 continue
@@ -282,7 +299,7 @@ class Structurer:
                 selected = selected.factory()
             for name in selected if slot.many else [selected]:
                 try:
-                    configs[name] = self._plugin_block(slot, name, blocks.get(name))
+                    configs[name] = self._plugin_block(slot, name, blocks.get(name), f"{path}.{name}" if path else name)
                 except _Problems as inner:
                     # A plugin that cannot be used is the selector's problem; a bad option is the block's.
                     problems.extend((_join(slot.selector if pl else name, p), m, pl) for p, m, pl in inner.items)
@@ -298,7 +315,7 @@ class Structurer:
         names = self.registry.names(slot.kind)
         return key in names or (key.endswith("_cfg") and key[: -len("_cfg")] in names)
 
-    def _plugin_block(self, slot: C.PluginSlot, name: str, block: dict[str, Any] | None) -> Any:
+    def _plugin_block(self, slot: C.PluginSlot, name: str, block: dict[str, Any] | None, path: str = "") -> Any:
         try:
             config_cls = self.registry.load_config_class(slot.kind, name)
         except PluginError as exc:
@@ -307,10 +324,10 @@ class Structurer:
             if block:
                 raise _Problems([("", f"{name} takes no options, got {sorted(block)}", False)])
             return None
-        return self._value(block or {}, config_cls)
+        return self._value(block or {}, config_cls, path)
 
     def _unknown_key_message(self, key: str, cls: type, fields: dict[str, Any], slot: C.PluginSlot | None,
-                             data: dict[str, Any]) -> str:
+                             data: dict[str, Any], path: str = "") -> str:
         candidates = list(fields) + (self.registry.names(slot.kind) if slot else [])
         if cls is C.MasterConfig:
             candidates += list(self.sections)
@@ -325,7 +342,7 @@ class Structurer:
                 except PluginError:
                     config_cls = None
                 if config_cls is not None and key in attrs.fields_dict(config_cls):
-                    return f"unknown key {key!r} (it is an option of {name}: did you mean '{name}.{key}'?)"
+                    return f"unknown key {key!r} (it is an option of {name}: did you mean '{path + '.' if path else ''}{name}.{key}'?)"
         return f"unknown key {key!r}"
 
 

@@ -12,7 +12,7 @@ import importlib
 import importlib.metadata as md
 import os
 import sys
-from typing import Any, Iterable
+from typing import Any
 
 import attrs
 import pluggy
@@ -68,20 +68,28 @@ class PluginHost:
 
     def register(self, plugin: object, name: str | None = None) -> None:
         """Register an object in-process (tests, notebooks); errors propagate."""
+        name = name or self.pm.get_canonical_name(plugin)
         self.pm.register(plugin, name=name)
-        self.pm.check_pending()
-        self.plugins.append(HookPluginInfo(name=name or repr(plugin), status="ok", hooks=self._hook_names(plugin)))
+        try:
+            self.pm.check_pending()
+        except Exception:
+            self.pm.unregister(plugin)  # or every later registration fails on this plugin's hooks
+            raise
+        self.plugins.append(HookPluginInfo(name=name, status="ok", hooks=self._hook_names(plugin)))
 
     def _register_guarded(self, name: str, load, **info: Any) -> None:
         from grpo_sdk.core.errors import PluginError
 
-        plugin = None
+        plugin, registered = None, False
         try:
             plugin = load()
+            if self.pm.is_registered(plugin):  # e.g. `-p mod` for an installed hook module: nothing to do
+                return
             self.pm.register(plugin, name=name)
+            registered = True
             self.pm.check_pending()
         except Exception as exc:  # noqa: BLE001 - any failure of a plugin is that plugin's problem
-            if plugin is not None and self.pm.is_registered(plugin):
+            if registered:
                 self.pm.unregister(plugin)
             problem = describe_exception(exc)
             if strict_plugins():
@@ -137,7 +145,3 @@ class PluginHost:
 
     def run_end(self, run: Any, status: str, error: BaseException | None) -> None:
         self.notify("grpo_run_end", run=run, status=status, error=error)
-
-
-def iter_ok(plugins: Iterable[HookPluginInfo]) -> list[HookPluginInfo]:
-    return [p for p in plugins if p.status == "ok"]

@@ -107,7 +107,7 @@ class Registry:
                                       hint="uninstall one of them") for c in candidates[:1]]
             infos.extend(candidates[:1])
         for info in infos:
-            if info.status in ("broken", "conflict") and strict_plugins():
+            if info.status in ("broken", "conflict", "incompatible-api") and strict_plugins():
                 raise PluginError(f"{KIND_LABELS[info.kind]} {info.name!r}: {info.problem} "
                                   "(GRPO_SDK_STRICT_PLUGINS is set)")
         return cls(infos, host)
@@ -206,7 +206,7 @@ def _check_spec(info: ComponentInfo) -> ComponentInfo:
     assert spec is not None
     if spec.api not in SUPPORTED_PLUGIN_APIS:
         supported = ", ".join(map(str, sorted(SUPPORTED_PLUGIN_APIS)))
-        who = f"{info.dist} {info.version}" if info.dist else spec.name
+        who = " ".join(filter(None, (info.dist, info.version))) or spec.name
         return _evolve(info, status="incompatible-api",
                        problem=f"{who} targets plugin API {spec.api}; this grpo-sdk supports {supported}",
                        hint="upgrade grpo-sdk, or pin the plugin to a release for this API")
