@@ -77,3 +77,19 @@ def test_refuses_to_overwrite_a_run_directory(tmp_path):
     result = grpoctl("run", "--run-dir", "run", cwd=tmp_path)
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
+
+
+def test_a_hook_module_from_the_current_directory_observes_the_run(tmp_path):
+    (tmp_path / "my_observer.py").write_text(
+        "from grpo_sdk.plugins import hookimpl\n\n"
+        "@hookimpl\n"
+        "def grpo_step_end(step, metrics):\n"
+        "    print(f'observed step {step} reward {metrics[\"reward/mean\"]:.3f}')\n\n"
+        "@hookimpl\n"
+        "def grpo_run_end(status):\n"
+        "    print(f'observed end: {status}')\n")
+    result = grpoctl("run", "--run-dir", "run", "-p", "my_observer", "grpo.max_num_steps=2",
+                     "grpo.num_prompts_per_step=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "observed step 1 reward" in result.stdout and "observed step 2 reward" in result.stdout
+    assert "observed end: completed" in result.stdout

@@ -36,6 +36,8 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
     from grpo_sdk.core.config_loader import load_config
 
     registry = get_registry()
+    if plugin_modules and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `-p my_module` finds my_module.py in the current directory
     for module in plugin_modules:
         STATE.host.load_module(module)
     if plugin_modules:  # the new modules may register components or config sections

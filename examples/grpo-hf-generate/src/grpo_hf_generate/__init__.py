@@ -1,0 +1,1 @@
+"""An example third-party generation backend for grpo-sdk (see docs/plugins.md)."""
