@@ -41,6 +41,7 @@ def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = 64, n_layer
     config = GPT2Config(
         vocab_size=len(tokenizer), n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_positions=n_positions,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # dropout would make prev and current logprobs differ
+        activation_function="gelu_pytorch_tanh",  # GPT-2's gelu, fused: transformers' "gelu_new" is 4 Python ops
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
