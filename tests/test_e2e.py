@@ -93,3 +93,23 @@ def test_a_hook_module_from_the_current_directory_observes_the_run(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "observed step 1 reward" in result.stdout and "observed step 2 reward" in result.stdout
     assert "observed end: completed" in result.stdout
+
+
+def test_ctrl_c_exits_130(tmp_path):
+    import signal
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
+                             "grpo.max_num_steps=100000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 1/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 1  # what was logged is kept
