@@ -179,3 +179,43 @@ def test_missing_model_directory_is_a_clear_error(tmp_path, registry, tiny_model
         HFGeneration(None, RunContext(**{**{f: getattr(bad, f) for f in ("config", "run_dir", "device", "seed",
                                                                           "needs_reference", "tokenizer_path")},
                                          "model_path": str(tmp_path / "empty")}))
+
+
+def test_sample_categorical_draws_from_the_distribution():
+    from grpo_sdk.backends.hf.generation import sample_categorical
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(40000, 1)
+    draws = sample_categorical(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=6).float() / len(draws)
+    assert freq[[0, 2, 5]].sum() == 0  # zero-probability tokens are never drawn
+    torch.testing.assert_close(freq, probs[0], atol=0.01, rtol=0)
+
+
+def test_bfloat16_policy_trains(tiny_model_dir, registry, tokenizer):
+    from grpo_sdk.algorithms.loss import ClippedPGLoss
+
+    context = make_context(tiny_model_dir, registry, "policy.precision=bfloat16")
+    gen, policy = HFGeneration(None, context), HFPolicy(None, context)
+    inputs = prompts(tokenizer, ["12345>"] * 4)
+    batch = to_batch(inputs, gen.generate(inputs, SamplingParams(max_new_tokens=5)))
+    batch.advantages = torch.randn(4, 1).expand_as(batch.token_mask).contiguous()
+    metrics = policy.train(batch, ClippedPGLoss(context.config.loss_fn))
+    assert next(policy.model.parameters()).dtype == torch.bfloat16 and metrics["grad_norm"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile internals on torch.jit
+def test_compiled_generation_agrees_with_the_policy(tiny_model_dir, registry, tokenizer):
+    """`policy.generation.hf.compile: true`: static cache, bucketed prompt width, compiled forward;
+    the same contract as eager sampling (takes ~20-40 s: torch.compile on CPU)."""
+    from grpo_sdk.backends.hf.config import HFGenerationConfig
+
+    context = make_context(tiny_model_dir, registry, "policy.generation.temperature=0.8")
+    gen, policy = HFGeneration(HFGenerationConfig(compile=True), context), HFPolicy(None, context)
+    for texts in (["1>", "12345>", "987>", "55555555>"] * 4, ["12>", "3456>"] * 8):  # two prompt widths
+        inputs = prompts(tokenizer, texts)
+        out = gen.generate(inputs, SamplingParams(max_new_tokens=6, temperature=0.8))
+        batch = to_batch(inputs, out)
+        mask = batch.token_mask.bool()
+        assert mask.sum() > 0
+        torch.testing.assert_close(policy.logprobs(batch)[mask], batch.generation_logprobs[mask], atol=2e-5, rtol=0)
