@@ -127,7 +127,7 @@ def test_show_rejects_unknown_format(cli):
 def test_validate_recipe(cli):
     code, out, err = cli("config", "validate")
     assert (code, err) == (0, "")
-    assert "config OK" in out and "128 rollouts per step" in out  # 16 prompts x 8 generations
+    assert "config OK" in out and "128 rollouts per step" in out  # 8 prompts x 16 generations
 
 
 def test_validate_reports_every_problem(cli):

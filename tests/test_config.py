@@ -59,8 +59,8 @@ def problems(registry, *overrides: str, files: list[str] | None = None) -> dict[
 def test_builtin_recipe_is_used_without_files(registry):
     cfg = load(registry)
     assert cfg.policy.model_name == "builtin:tiny-gpt2"
-    assert cfg.grpo.num_prompts_per_step == 16  # the recipe's, not the class default 32
-    assert cfg.grpo.num_generations_per_prompt == 8
+    assert cfg.grpo.num_prompts_per_step == 8  # the recipe's, not the class default 32
+    assert cfg.grpo.num_generations_per_prompt == 16
     assert C.plugin_config(cfg.env) == ReverseDigitsConfig(num_digits=5)
 
 
@@ -86,7 +86,7 @@ def test_precedence_defaults_then_files_then_overrides(registry, write):
 
 def test_tilde_resets_to_class_default_and_plus_sets(registry):
     cfg = load(registry, "~grpo.num_prompts_per_step", "+data.shuffle=false", "++grpo.seed=7")
-    assert cfg.grpo.num_prompts_per_step == 32  # class default, not the recipe's 16
+    assert cfg.grpo.num_prompts_per_step == 32  # class default, not the recipe's 8
     assert cfg.data.shuffle is False
     assert cfg.grpo.seed == 7
 

@@ -21,13 +21,13 @@ def grpoctl(*args, cwd, timeout=600):
 
 @pytest.mark.slow
 def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
-    """The default `grpoctl run` (400 steps, ~25 s on a quiet 2-core machine) must take the
-    reward from the random-init level (~0.04) to at least 0.8."""
+    """The default `grpoctl run` (500 steps, ~20 s on a quiet 2-core machine) must take the
+    reward from the random-init level (~0.03) to at least 0.8."""
     result = grpoctl("run", "--run-dir", "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 401))
+    assert [r["step"] for r in rows] == list(range(1, 501))
     first = sum(r["reward/mean"] for r in rows[:10]) / 10
     last = sum(r["reward/mean"] for r in rows[-20:]) / 20
     assert first < 0.15, f"random-init reward should be low, got {first:.3f}"
@@ -35,11 +35,11 @@ def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
     assert all(0.9 < r["token_mult_prob_error"] < 1.1 for r in rows), "generation and policy logprobs disagree"
 
     # plain lines without a terminal, and a summary at the end
-    assert "step 1/400" in result.stdout and "step 400/400" in result.stdout
+    assert "step 1/500" in result.stdout and "step 500/500" in result.stdout
     assert "reward " in result.stdout and "run dir: run" in result.stdout
 
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 400 and summary["reward_last"] >= 0.8
+    assert summary["steps"] == 500 and summary["reward_last"] >= 0.8
 
     # the resolved config reproduces the run's config exactly
     resolved = yaml.safe_load((run / "config.resolved.yaml").read_text())
@@ -53,7 +53,7 @@ def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
     # the final checkpoint is a Hugging Face model directory
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    checkpoint = run / "checkpoints" / "step_400"
+    checkpoint = run / "checkpoints" / "step_500"
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     assert model.config.n_layer == 2 and tokenizer("12345>").input_ids[0] == tokenizer.bos_token_id
