@@ -34,6 +34,7 @@ import yaml
 
 from grpo_sdk.core import config as C
 from grpo_sdk.core.errors import ConfigError, PluginError
+from grpo_sdk.plugins.registry import import_target
 
 BUILTIN_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny_reverse.yaml"
 
@@ -263,8 +264,6 @@ class Structurer:
                 blocks[name] = value or {}
             elif cls is C.MasterConfig and key in self.sections:
                 try:
-                    from grpo_sdk.plugins.registry import import_target
-
                     extra_sections[key] = self._value(value, import_target(self.sections[key]))
                 except _Problems as inner:
                     problems.extend((_join(key, p), m, pl) for p, m, pl in inner.items)

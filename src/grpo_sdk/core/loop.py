@@ -171,7 +171,7 @@ class GRPOTrainer:
         hooks.run_start(run=self)
         status, error = "failed", None
         try:
-            while self.step < cfg.grpo.max_num_steps and getattr(self.prompts, "epoch", 0) < cfg.grpo.max_num_epochs:
+            while self.step < cfg.grpo.max_num_steps and self.prompts.epoch < cfg.grpo.max_num_epochs:
                 try:
                     metrics, samples = self.train_step()
                 except NonFiniteError as exc:

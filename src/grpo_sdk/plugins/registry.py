@@ -22,6 +22,7 @@ import importlib.metadata as md
 from collections import defaultdict
 from typing import Any, Iterable
 
+import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from grpo_sdk.core.errors import PluginError
@@ -177,8 +178,6 @@ class Registry:
 
 
 def _evolve(info: ComponentInfo, **changes: Any) -> ComponentInfo:
-    import attrs
-
     return attrs.evolve(info, **changes)
 
 
