@@ -66,6 +66,30 @@ class AdvEstimatorConfig:
 
 
 @attrs.frozen(kw_only=True)
+class RewardScalingConfig:
+    enabled: bool = option(False, "Clamp rewards to [source_min, source_max], then map that interval linearly "
+                           "onto [target_min, target_max]; every reward component too.")
+    source_min: float = option(0.0, "Lower end of the source interval (and lower clamp).")
+    source_max: float = option(1.0, "Upper end of the source interval (and upper clamp).")
+    target_min: float = option(0.0, "Where source_min lands.")
+    target_max: float = option(1.0, "Where source_max lands.")
+
+
+@attrs.frozen(kw_only=True)
+class RewardShapingConfig:
+    enabled: bool = option(False, "Shape rewards by response length (DAPO) after scaling.")
+    overlong_buffer_length: int | None = option(None, "DAPO: length of the soft-penalty zone before "
+                                                "max_response_length, in tokens.")
+    overlong_buffer_penalty: float | None = option(None, "DAPO: penalty at the end of the buffer zone; grows "
+                                                   "linearly (and is not capped) with the length inside it.")
+    max_response_length: int | None = option(None, "DAPO: the response length the buffer zone ends at; null "
+                                             "uses policy.generation.max_new_tokens.")
+    stop_properly_penalty_coef: float | None = option(None, "Multiply the reward of truncated responses by this "
+                                                      "coefficient in [0, 1]; when set, the DAPO overlong "
+                                                      "parameters are ignored.")
+
+
+@attrs.frozen(kw_only=True)
 class GRPOConfig:
     num_prompts_per_step: int = option(32, "Prompts drawn per step; the rollout batch is "
                                        "num_prompts_per_step x num_generations_per_prompt rows.", validator=positive)
@@ -76,6 +100,27 @@ class GRPOConfig:
     seed: int = option(42, "Seed of every random number generator (data order, sampling, init).")
     adv_estimator: AdvEstimatorConfig = option(factory=AdvEstimatorConfig,
                                                help="Advantage estimator: selector `name` plus one block per estimator.")
+    reward_scaling: RewardScalingConfig = option(factory=RewardScalingConfig, help="Linear reward rescaling.")
+    reward_shaping: RewardShapingConfig = option(factory=RewardShapingConfig,
+                                                 help="Length-based reward shaping (DAPO overlong, stop-properly).")
+    use_dynamic_sampling: bool = option(False, "DAPO dynamic sampling: drop prompt groups whose rewards are all "
+                                        "exactly equal (no learning signal) and generate more batches until "
+                                        "num_prompts_per_step non-trivial groups are collected.")
+    dynamic_sampling_max_gen_batches: int = option(10, "With dynamic sampling: most generation batches per step "
+                                                   "before the run stops with an error.", validator=positive)
+    batch_multiplier: float = option(1.0, "With dynamic sampling: prompts drawn per generation batch are "
+                                     "int(num_prompts_per_step x batch_multiplier); must be 1 otherwise.",
+                                     validator=positive)
+    overlong_filtering: bool = option(False, "Drop truncated responses (no stop token within max_new_tokens) from "
+                                      "the loss; they still count in their group's baseline.")
+    advantage_clip_low: float | None = option(None, "Clamp advantages from below; null disables.")
+    advantage_clip_high: float | None = option(None, "Clamp advantages from above; null disables.")
+    skip_reference_policy_logprobs_calculation: bool = option(
+        False, "Never compute reference-policy logprobs; requires loss_fn.reference_policy_kl_penalty == 0 (with a "
+        "zero penalty they are skipped anyway).")
+    seq_logprob_error_threshold: float | None = option(
+        None, "Drop samples whose mean per-token exp(|generation logprob - policy logprob|) exceeds this (e.g. 1.5) "
+        "from the loss; the metric is logged either way.")
 
 
 # --- loss_fn --------------------------------------------------------------------------------
@@ -86,13 +131,48 @@ class LossConfig:
     ratio_clip_min: float = option(0.2, "Lower clip of the importance ratio: 1 - ratio_clip_min.", validator=non_negative)
     ratio_clip_max: float = option(0.2, "Upper clip of the importance ratio: 1 + ratio_clip_max "
                                    "(DAPO's clip-higher uses 0.28).", validator=non_negative)
+    ratio_clip_c: float | None = option(None, "Dual-clip constant c > 1: for negative advantages the per-token "
+                                        "loss is capped at -A x c; null disables.")
     reference_policy_kl_penalty: float = option(0.01, "KL penalty coefficient (beta) to the reference "
                                                 "policy; 0 skips the reference model entirely.", validator=non_negative)
     reference_policy_kl_type: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (Schulman): k1, k2 or k3.")
     kl_input_clamp_value: float | None = option(20.0, "Clamp of the log-ratio before the KL estimator; null disables.")
     kl_output_clamp_value: float | None = option(10.0, "Clamp of the per-token KL; null disables.")
+    use_on_policy_kl_approximation: bool = option(False, "Weight the KL by exp(current - generation logprobs) "
+                                                  "instead of 1, for off-policy samples.")
+    use_kl_in_reward: bool = option(False, "Move the KL penalty into the reward (reinforce_plus_plus folds "
+                                    "-beta x KL into the advantages); the loss then has no KL term.")
     token_level_loss: bool = option(True, "True: mean over all valid tokens of the global batch. "
                                     "False: mean per sequence, then over sequences.")
+    use_importance_sampling_correction: bool = option(False, "Weight the per-token loss by "
+                                                      "exp(old - generation logprobs), correcting for a sampler "
+                                                      "whose numerics differ from the trainer's.")
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = option(
+        None, "Truncate the importance weights: tis clamps them to [ratio_min, ratio]; icepop zeroes tokens outside "
+        "the range; seq-mask-tis drops whole sequences whose geometric-mean weight is outside it.")
+    truncated_importance_sampling_ratio: float | None = option(None, "Upper bound of the importance weights.")
+    truncated_importance_sampling_ratio_min: float | None = option(None, "Lower bound of the importance weights "
+                                                                   "(tis defaults it to 0).")
+    sequence_level_importance_ratios: bool = option(False, "GSPO: one ratio per sequence, exp(mean token "
+                                                    "log-ratio); requires token_level_loss=false.")
+    force_on_policy_ratio: bool = option(False, "Ratio exp(current - sg(current)) = 1 with its gradient: exactly "
+                                         "on-policy; requires one optimizer step per GRPO step.")
+    disable_ppo_ratio: bool = option(False, "REINFORCE: the per-token loss is -A x logprob; no ratio, no clipping.")
+    use_cispo: bool = option(False, "CISPO: -A x sg(clipped ratio) x logprob.")
+    positive_example_nll_weight: float = option(0.0, "Add this times the NLL of samples with reward > 0 (VAPO).",
+                                                validator=non_negative)
+    seq_logprob_error_in_loss: bool = option(False, "Apply grpo.seq_logprob_error_threshold inside the loss, "
+                                             "against the training forward pass (needs force_on_policy_ratio and "
+                                             "token_level_loss) instead of a separate logprob pass.")
+
+
+@attrs.frozen(kw_only=True)
+class OnPolicyDistillationConfig:
+    teacher_model: str | None = option(None, "Teacher model directory or checkpoint for the opd estimator "
+                                       "(same tokenizer as the policy); null: no teacher.")
+    teacher_backend: str = option("hf", "Policy backend that loads the teacher, a name in grpo_sdk.policy.")
+    teacher_precision: Literal["float32", "bfloat16", "float16"] | None = option(
+        None, "Teacher parameter dtype; null uses policy.precision.")
 
 
 # --- policy ---------------------------------------------------------------------------------
@@ -230,6 +310,8 @@ class MasterConfig:
     policy: PolicyConfig = option(help="The trained model, its optimizer and its generation settings.")
     grpo: GRPOConfig = option(factory=GRPOConfig, help="Algorithm: batch shape, steps, advantage estimator.")
     loss_fn: LossConfig = option(factory=LossConfig, help="Clipped policy-gradient loss.")
+    on_policy_distillation: OnPolicyDistillationConfig = option(factory=OnPolicyDistillationConfig,
+                                                                help="The teacher of the opd estimator.")
     data: DataConfig = option(factory=DataConfig, help="Training prompts.")
     env: EnvConfig = option(factory=EnvConfig, help="Environment that scores responses.")
     weight_sync: WeightSyncConfig = option(factory=WeightSyncConfig, help="Policy -> generation weight transport.")

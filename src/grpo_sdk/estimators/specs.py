@@ -1,4 +1,9 @@
-"""Entry-point targets and config classes of the built-in estimators (light: no torch)."""
+"""Entry-point targets and config classes of the built-in estimators (light: no torch).
+
+Capabilities tell the training loop what an estimator needs beyond rewards, without the loop
+knowing estimator names: ``prev_logprobs`` (real old-policy logprobs, not the detached current
+ones), ``teacher_logprobs`` (a teacher model under ``on_policy_distillation``).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,55 @@ class GRPOEstimatorConfig:
                                               "(RLOO), and the std is theirs too.")
 
 
+@attrs.frozen(kw_only=True)
+class GDPOEstimatorConfig:
+    normalize_rewards: bool = option(True, "Per component: divide by the group's std (+1e-6) where it is > 0.")
+    use_leave_one_out_baseline: bool = option(True, "Per component: leave-one-out baseline and std.")
+    reward_weights: list[float] | None = option(None, "Weight of each reward component, in the alphabetical "
+                                                "order of their names; null weighs all 1.")
+
+
+@attrs.frozen(kw_only=True)
+class ReinforcePlusPlusConfig:
+    minus_baseline: bool = option(True, "Subtract the group's mean reward before the batch whitening.")
+
+
 GRPO = ComponentSpec(
     name="grpo",
     kind="estimator",
     impl="grpo_sdk.estimators.grpo:GRPOEstimator",
     config="grpo_sdk.estimators.specs:GRPOEstimatorConfig",
     summary="Group-relative advantages: leave-one-out or group-mean baseline, optional std normalization.",
+)
+
+RLOO = ComponentSpec(
+    name="rloo",
+    kind="estimator",
+    impl="grpo_sdk.estimators.rloo:RLOOEstimator",
+    summary="REINFORCE leave-one-out: reward minus the mean of the group's other rewards, no std normalization.",
+)
+
+GDPO = ComponentSpec(
+    name="gdpo",
+    kind="estimator",
+    impl="grpo_sdk.estimators.gdpo:GDPOEstimator",
+    config="grpo_sdk.estimators.specs:GDPOEstimatorConfig",
+    capabilities={"reward_components"},
+    summary="Multi-reward: one GRPO advantage per reward component, weighted sum, whitened over the batch.",
+)
+
+REINFORCE_PLUS_PLUS = ComponentSpec(
+    name="reinforce_plus_plus",
+    kind="estimator",
+    impl="grpo_sdk.estimators.reinforce_plus_plus:ReinforcePlusPlusEstimator",
+    config="grpo_sdk.estimators.specs:ReinforcePlusPlusConfig",
+    summary="REINFORCE++: optional group-mean baseline, optional KL in the reward, masked batch whitening.",
+)
+
+OPD = ComponentSpec(
+    name="opd",
+    kind="estimator",
+    impl="grpo_sdk.estimators.opd:OPDEstimator",
+    capabilities={"prev_logprobs", "teacher_logprobs"},
+    summary="On-policy distillation: per-token teacher minus student logprobs.",
 )
