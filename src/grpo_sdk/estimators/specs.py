@@ -2,7 +2,8 @@
 
 Capabilities tell the training loop what an estimator needs beyond rewards, without the loop
 knowing estimator names: ``prev_logprobs`` (real old-policy logprobs, not the detached current
-ones), ``teacher_logprobs`` (a teacher model under ``on_policy_distillation``).
+ones), ``teacher_logprobs`` (a teacher model under ``on_policy_distillation``),
+``kl_in_reward`` (it folds ``loss_fn.use_kl_in_reward``'s KL into the advantages).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ REINFORCE_PLUS_PLUS = ComponentSpec(
     kind="estimator",
     impl="grpo_sdk.estimators.reinforce_plus_plus:ReinforcePlusPlusEstimator",
     config="grpo_sdk.estimators.specs:ReinforcePlusPlusConfig",
+    capabilities={"kl_in_reward"},
     summary="REINFORCE++: optional group-mean baseline, optional KL in the reward, masked batch whitening.",
 )
 
