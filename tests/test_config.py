@@ -359,7 +359,7 @@ def test_cross_field_rules(registry, overrides, path, fragment):
 
 def test_cross_field_rules_accept_valid_values(registry):
     cfg = load(registry, "policy.train_global_batch_size=64", "data.max_input_seq_length=59",
-               "policy.generation.top_k=0", "loss_fn.kl_input_clamp_value=0")  # no KL: the clamp is unused
+               "policy.generation.top_k=0", "loss_fn.kl_input_clamp_value=null")
     assert check_config(cfg) == []
 
 

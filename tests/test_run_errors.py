@@ -114,10 +114,10 @@ def test_failing_environment_names_the_sample(registry, tmp_path, tiny_model_dir
 def test_masked_reward_failures_leave_the_loss_and_are_counted(registry, tmp_path, tiny_model_dir):
     trainer = trainer_for(registry, tmp_path, tiny_model_dir, "env.name=flaky", "env.on_reward_error=mask",
                           "grpo.num_prompts_per_step=8", "grpo.num_generations_per_prompt=8")
-    metrics, samples = trainer.train_step()
+    metrics, rollouts = trainer.train_step()
     # prompt 0 raises and prompt 1 scores NaN: their 16 of 64 rows are masked, the rest train
     assert metrics["reward/num_failed"] == 16
-    assert [s["valid"] for s in samples] == [False] * 16 + [True] * 48
+    assert rollouts.reward_valid.tolist() == [False] * 16 + [True] * 48
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["reward/mean"])
     assert 0 < metrics["grad_norm"] < math.inf
 

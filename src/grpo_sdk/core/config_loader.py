@@ -33,6 +33,7 @@ import cattrs
 import yaml
 
 from grpo_sdk.core import config as C
+from grpo_sdk.core.config_checks import check_config
 from grpo_sdk.core.errors import ConfigError, PluginError
 from grpo_sdk.plugins.registry import import_target
 
@@ -353,45 +354,12 @@ def _validator_message(exc: BaseException, value: Any) -> str:
     return text or f"invalid value {value!r}"
 
 
-# --- cross-field checks -----------------------------------------------------------------------
-
-
-def check_config(cfg: C.MasterConfig) -> list[tuple[str, str]]:
-    """Rules that span fields; run after structuring, before any model is loaded."""
-    problems = []
-    rollout_rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-    global_rows = cfg.policy.train_global_batch_size
-    if global_rows is not None:
-        if global_rows <= 0:
-            problems.append(("policy.train_global_batch_size", f"must be > 0: {global_rows}"))
-        elif rollout_rows % global_rows:
-            problems.append(("policy.train_global_batch_size",
-                             f"{global_rows} must divide the rollout batch (grpo.num_prompts_per_step x "
-                             f"grpo.num_generations_per_prompt = {rollout_rows})"))
-    gen = cfg.policy.generation
-    if gen.max_new_tokens >= cfg.policy.max_total_sequence_length:
-        problems.append(("policy.generation.max_new_tokens",
-                         f"{gen.max_new_tokens} leaves no room for a prompt within "
-                         f"policy.max_total_sequence_length={cfg.policy.max_total_sequence_length}"))
-    max_in = cfg.data.max_input_seq_length
-    if max_in is not None and max_in + gen.max_new_tokens > cfg.policy.max_total_sequence_length:
-        problems.append(("data.max_input_seq_length",
-                         f"{max_in} + policy.generation.max_new_tokens={gen.max_new_tokens} exceeds "
-                         f"policy.max_total_sequence_length={cfg.policy.max_total_sequence_length}"))
-    if gen.top_k is not None and gen.top_k < 0:
-        problems.append(("policy.generation.top_k", f"must be >= 0 or null: {gen.top_k}"))
-    if cfg.loss_fn.reference_policy_kl_penalty and cfg.loss_fn.kl_input_clamp_value is not None \
-            and cfg.loss_fn.kl_input_clamp_value <= 0:
-        problems.append(("loss_fn.kl_input_clamp_value", "must be > 0 or null"))
-    return problems
-
-
 def load_config(files: list[str] | None, overrides: list[str] | None, registry: Any) -> C.MasterConfig:
     """Defaults < files < overrides, structured strictly and cross-checked; raises ConfigError."""
     raw = raw_config(files, overrides)
     sections = {s.name: s.config for s in registry.host.config_sections()}
     cfg = Structurer(registry, sections).structure(raw)
-    problems = check_config(cfg)
+    problems = check_config(cfg, registry)
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -26,6 +26,14 @@ import attrs
 import torch
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss
+from grpo_sdk.algorithms.rewards import (
+    clip_advantages,
+    mask_by_seq_logprob_error,
+    scale_rewards,
+    seq_logprob_errors,
+    shape_rewards,
+    trivial_groups,
+)
 from grpo_sdk.core.config import MasterConfig, plugin_config
 from grpo_sdk.core.config_loader import to_yaml
 from grpo_sdk.core.context import RunContext
@@ -33,7 +41,7 @@ from grpo_sdk.core.data import make_prompt_source
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import SamplingParams
-from grpo_sdk.core.rollout import collect_rollouts
+from grpo_sdk.core.rollout import RolloutBatch, collect_rollouts, example_of, rollout_metrics
 from grpo_sdk.recipes.tiny_model import resolve_model_path
 
 
@@ -94,7 +102,20 @@ class GRPOTrainer:
         self.estimator = self._build("estimator", cfg.grpo.adv_estimator)
         self.weight_sync = self._build("weight_sync", cfg.weight_sync)
         self.loggers = [self._build("logger", cfg.logger, name) for name in cfg.logger.loggers]
-        self.loss_fn = ClippedPGLoss(cfg.loss_fn)
+        in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None
+        self.loss_fn = ClippedPGLoss(cfg.loss_fn, seq_logprob_error_threshold=in_loss_threshold)
+
+        # What this step needs beyond rewards follows from the config and the estimator's declared
+        # capabilities, never from its name.
+        needs = self.registry.get("estimator", cfg.grpo.adv_estimator.name).capabilities
+        rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+        self.needs_prev_logprobs = (
+            (cfg.policy.train_global_batch_size or rows) < rows  # several optimizer steps: freeze "old"
+            or "prev_logprobs" in needs
+            or (cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0)
+            or (cfg.grpo.seq_logprob_error_threshold is not None and not cfg.loss_fn.seq_logprob_error_in_loss))
+        self.teacher = self._build_teacher() if "teacher_logprobs" in needs else None
+        self.next_group_id = 0
 
         self.tokenizer = load_tokenizer(self.context.tokenizer_path)
         self.prompts = make_prompt_source(cfg, self.environment)
@@ -103,6 +124,14 @@ class GRPOTrainer:
                                        top_p=gen.top_p, top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids))
         self.max_prompt_tokens = cfg.data.max_input_seq_length or (
             cfg.policy.max_total_sequence_length - gen.max_new_tokens)
+
+    def _build_teacher(self) -> Any:
+        """The on-policy-distillation teacher: any policy backend, loaded from a model or checkpoint dir."""
+        opd = self.config.on_policy_distillation
+        precision = opd.teacher_precision or self.config.policy.precision
+        config = attrs.evolve(self.config, policy=attrs.evolve(self.config.policy, precision=precision))
+        context = attrs.evolve(self.context, config=config, model_path=opd.teacher_model, needs_reference=False)
+        return self.registry.load_impl("policy", opd.teacher_backend)(None, context)
 
     def _build(self, kind: str, section: Any, name: str | None = None) -> Any:
         name = name or getattr(section, type(section).__plugin__.selector)
@@ -118,34 +147,90 @@ class GRPOTrainer:
 
     # --- one step -------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rollouts for one step, through the reward pipeline: scale, shape, and (dynamic sampling)
+        keep only prompt groups with a learning signal, generating more batches until there are
+        num_prompts_per_step of them."""
+        grpo = self.config.grpo
+        target_rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+        dynamic = grpo.use_dynamic_sampling
+        draw = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if dynamic else grpo.num_prompts_per_step
+        generated, kept, env_metrics = [], [], {}
+        for generation_batch in range(1, (grpo.dynamic_sampling_max_gen_batches if dynamic else 1) + 1):
+            rollouts, env_metrics = collect_rollouts(
+                prompts=self.prompts.next_prompts(draw), tokenizer=self.tokenizer, generation=self.generation,
+                environment=self.environment, cfg=self.config, sampling=self.sampling,
+                max_prompt_tokens=self.max_prompt_tokens, group_offset=self.next_group_id)
+            self.next_group_id += draw
+            self._process_rewards(rollouts)
+            generated.append(rollouts)
+            trivial = trivial_groups(rollouts.unshaped_rewards, rollouts.group_ids)
+            if not dynamic:
+                return rollouts, {**rollout_metrics(generated, trivial), **env_metrics}
+            kept.append(rollouts.select(~trivial))
+            if sum(b.batch_size for b in kept) >= target_rows:
+                batch = RolloutBatch.concat(kept)
+                metrics = rollout_metrics(generated, torch.cat([trivial_groups(b.unshaped_rewards, b.group_ids)
+                                                                for b in generated]))
+                metrics.update({"dynamic_sampling_num_gen_batches": float(generation_batch),
+                                "dynamic_sampling_num_discarded_valid_samples": float(batch.batch_size - target_rows),
+                                "filtered_reward": float(batch.select(torch.arange(target_rows)).rewards.mean())})
+                return batch.select(torch.arange(target_rows)), {**metrics, **env_metrics}
+        found = sum(b.batch_size for b in kept)
+        raise GrpoSdkError(
+            f"dynamic sampling found {found} of the {target_rows} rows it needs in {grpo.dynamic_sampling_max_gen_batches} "
+            f"generation batches of {draw} prompts: every other prompt group had identical rewards. Raise "
+            "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
+
+    def _process_rewards(self, rollouts: RolloutBatch) -> None:
+        grpo = self.config.grpo
+        components = {k: scale_rewards(v, grpo.reward_scaling) for k, v in rollouts.reward_components.items()}
+        total = scale_rewards(torch.stack(list(rollouts.reward_components.values())).sum(0), grpo.reward_scaling)
+        rollouts.reward_components = components
+        rollouts.unshaped_rewards = total
+        rollouts.rewards = shape_rewards(total, rollouts.response_lengths, rollouts.truncated, grpo.reward_shaping,
+                                         self.sampling.max_new_tokens)
+
+    def train_step(self) -> tuple[dict[str, float], RolloutBatch]:
         cfg = self.config
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        prompts = self.prompts.next_prompts(cfg.grpo.num_prompts_per_step)
-        batch, metrics, samples = collect_rollouts(
-            prompts=prompts, tokenizer=self.tokenizer, generation=self.generation, environment=self.environment,
-            cfg=cfg, sampling=self.sampling, max_prompt_tokens=self.max_prompt_tokens,
-            group_offset=self.step * cfg.grpo.num_prompts_per_step)
+        rollouts, metrics = self.collect_rollouts()
         timings["rollout"] = time.perf_counter() - start
 
+        sample_mask = rollouts.reward_valid.float()
+        if cfg.grpo.overlong_filtering:  # out of the loss, still in the baseline
+            sample_mask = sample_mask * (~rollouts.truncated).float()
+        batch = rollouts.to_train_batch(sample_mask)
+
         tick = time.perf_counter()
-        rows = batch.batch_size
-        if (cfg.policy.train_global_batch_size or rows) < rows:  # several optimizer steps: freeze "old"
+        if self.needs_prev_logprobs:
             batch.prev_logprobs = self.policy.logprobs(batch)
         if self.context.needs_reference:
             batch.reference_logprobs = self.policy.reference_logprobs(batch)
+        teacher_logprobs = self.teacher.logprobs(batch) if self.teacher is not None else None
         timings["logprobs"] = time.perf_counter() - tick
 
+        if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
+            errors, valid = seq_logprob_errors(batch.prev_logprobs, batch.generation_logprobs, batch.token_mask,
+                                               batch.sample_mask)
+            batch.sample_mask, seq_metrics = mask_by_seq_logprob_error(
+                errors, valid, batch.sample_mask, batch.rewards, cfg.grpo.seq_logprob_error_threshold)
+            metrics.update(seq_metrics)
+
         mask = batch.token_mask * batch.sample_mask[:, None]
-        batch.advantages = self.estimator.compute_advantages(
-            batch.rewards, batch.group_ids, mask, valid_mask=batch.sample_mask.bool(),
-            reward_components={k[len("reward/"):]: v for k, v in batch.extras.items() if k.startswith("reward/")},
-            prev_logprobs=batch.prev_logprobs, reference_logprobs=batch.reference_logprobs)
-        valid_adv = batch.advantages[:, -1][batch.sample_mask > 0]
-        if valid_adv.numel():
-            metrics.update({"advantages/mean": float(valid_adv.mean()), "advantages/min": float(valid_adv.min()),
-                            "advantages/max": float(valid_adv.max())})
+        advantages = self.estimator.compute_advantages(
+            batch.rewards, batch.group_ids, mask, reward_components=rollouts.reward_components,
+            valid_mask=rollouts.reward_valid, sample_mask=batch.sample_mask, prev_logprobs=batch.prev_logprobs,
+            reference_logprobs=batch.reference_logprobs, teacher_logprobs=teacher_logprobs,
+            generation_logprobs=batch.generation_logprobs, metadata=rollouts.metadata)
+        batch.advantages = clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high)
+        metrics.update(getattr(self.estimator, "last_metrics", None) or {})
+        response_advantages = batch.advantages[mask > 0]
+        if response_advantages.numel():
+            metrics.update({"advantages/mean": float(response_advantages.mean()),
+                            "advantages/min": float(response_advantages.min()),
+                            "advantages/max": float(response_advantages.max())})
 
         tick = time.perf_counter()
         metrics.update(self.policy.train(batch, self.loss_fn))
@@ -158,7 +243,7 @@ class GRPOTrainer:
         metrics.update({f"timing/{k}": v for k, v in timings.items()})
         metrics["perf/tokens_per_sec"] = metrics["generated_tokens"] / timings["step"]
         metrics["perf/rollout_tokens_per_sec"] = metrics["generated_tokens"] / timings["rollout"]
-        return metrics, samples
+        return metrics, rollouts
 
     # --- the run --------------------------------------------------------------------------------
 
@@ -167,13 +252,13 @@ class GRPOTrainer:
         hooks = self.registry.host
         start = time.perf_counter()
         rewards: list[float] = []
-        samples: list[dict[str, Any]] = []
+        rollouts: RolloutBatch | None = None
         hooks.run_start(run=self)
         status, error = "failed", None
         try:
             while self.step < cfg.grpo.max_num_steps and self.prompts.epoch < cfg.grpo.max_num_epochs:
                 try:
-                    metrics, samples = self.train_step()
+                    metrics, rollouts = self.train_step()
                 except NonFiniteError as exc:
                     raise NonFiniteError(f"step {self.step + 1}: {exc}") from exc
                 self.step += 1
@@ -199,7 +284,7 @@ class GRPOTrainer:
         summary = RunSummary(steps=self.step, seconds=time.perf_counter() - start,
                              reward_first=rewards[0] if rewards else float("nan"),
                              reward_last=sum(tail) / len(tail) if tail else float("nan"),
-                             run_dir=self.run_dir, checkpoint=checkpoint, example=samples[0] if samples else None)
+                             run_dir=self.run_dir, checkpoint=checkpoint, example=example_of(rollouts))
         (self.run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
         return summary
 

@@ -167,7 +167,14 @@ class LossFunction(Protocol):
 
     ``logprobs`` are the current input-aligned logprobs of the micro-batch (with grad).
     Dividing by the *global* token and sequence counts makes the summed micro-batch gradients
-    equal to the full-batch gradient, whatever the micro-batch size.
+    equal to the full-batch gradient, whatever the micro-batch size. Metrics come back already
+    divided the same way, so a policy sums them over micro-batches (``_min``/``_max`` keys take
+    the min/max: ``grpo_sdk.core.metrics``).
+
+    Optional, for policy backends to honour: ``unfiltered_logprobs=`` (logprobs without
+    top-k/top-p, for the KL term), and ``requires_survivor_normalization`` /
+    ``survivor_normalization(...)`` (the in-loss logprob-error filter's gradient rescale, after
+    the last micro-batch of an optimizer step; see ``grpo_sdk.algorithms.loss``).
     """
 
     def __call__(self, logprobs: Tensor, batch: TrainBatch, *, global_valid_seqs: Tensor,

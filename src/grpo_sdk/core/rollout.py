@@ -1,4 +1,4 @@
-"""One round of rollouts: tokenize prompts, generate G responses each, score them, build the batch.
+"""Rollouts: tokenize prompts, generate G responses each, score them, build the batch.
 
 Decoding and the loss mask stop at the same place, the first stop token or ``max_new_tokens``
 (a prototype that decoded up to ``<pad>`` but masked up to ``<eos>`` taught the policy to emit
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import attrs
 import torch
 
 from grpo_sdk.core.data import Prompt
@@ -102,9 +103,94 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
     return rewards, valid, metrics
 
 
+@attrs.define(kw_only=True, eq=False)
+class RolloutBatch:
+    """Scored rollouts, before they become a TrainBatch.
+
+    Prompts stay left-padded and responses right-padded in separate tensors, so batches from
+    several generation rounds (dynamic sampling) can be filtered by row and concatenated.
+    """
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    response_ids: torch.Tensor  # [B, R] right-padded
+    response_lengths: torch.Tensor  # [B]
+    generation_logprobs: torch.Tensor  # [B, R]
+    truncated: torch.Tensor  # [B] bool
+    group_ids: torch.Tensor  # [B]
+    reward_components: dict[str, torch.Tensor]  # name -> [B], as the environment returned them
+    reward_valid: torch.Tensor  # [B] bool: False where the environment failed (env.on_reward_error=mask)
+    message_logs: list[list[Message]]
+    metadata: list[dict[str, Any]]
+    pad_token_id: int
+    weight_version: int = 0
+    rewards: torch.Tensor | None = None  # [B] total after scaling and shaping
+    unshaped_rewards: torch.Tensor | None = None  # [B] total after scaling, before shaping
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    def select(self, index: torch.Tensor) -> RolloutBatch:
+        """The rows ``index`` (a bool mask or positions), in order."""
+        rows = index.nonzero().flatten().tolist() if index.dtype == torch.bool else index.tolist()
+        tensors = {f.name: getattr(self, f.name)[index] for f in attrs.fields(RolloutBatch)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        return attrs.evolve(self, **tensors, reward_components={k: v[index] for k, v in self.reward_components.items()},
+                            message_logs=[self.message_logs[i] for i in rows], metadata=[self.metadata[i] for i in rows])
+
+    @staticmethod
+    def concat(batches: list[RolloutBatch]) -> RolloutBatch:
+        """Rows of several batches; prompts re-padded on the left, responses on the right."""
+        first = batches[0]
+        prompt_width = max(b.prompt_ids.shape[1] for b in batches)
+        response_width = max(b.response_ids.shape[1] for b in batches)
+
+        def pad(name: str, width: int, left: bool, value: float) -> torch.Tensor:
+            parts = []
+            for b in batches:
+                t = getattr(b, name)
+                missing = width - t.shape[1]
+                parts.append(torch.nn.functional.pad(t, (missing, 0) if left else (0, missing), value=value))
+            return torch.cat(parts)
+
+        def cat(name: str) -> torch.Tensor | None:
+            values = [getattr(b, name) for b in batches]
+            return None if any(v is None for v in values) else torch.cat(values)
+
+        return RolloutBatch(
+            prompt_ids=pad("prompt_ids", prompt_width, True, first.pad_token_id),
+            prompt_mask=pad("prompt_mask", prompt_width, True, 0),
+            response_ids=pad("response_ids", response_width, False, first.pad_token_id),
+            response_lengths=cat("response_lengths"),
+            generation_logprobs=pad("generation_logprobs", response_width, False, 0.0),
+            truncated=cat("truncated"), group_ids=cat("group_ids"),
+            reward_components={k: torch.cat([b.reward_components[k] for b in batches]) for k in first.reward_components},
+            reward_valid=cat("reward_valid"),
+            message_logs=[log for b in batches for log in b.message_logs],
+            metadata=[m for b in batches for m in b.metadata],
+            pad_token_id=first.pad_token_id, weight_version=min(b.weight_version for b in batches),
+            rewards=cat("rewards"), unshaped_rewards=cat("unshaped_rewards"),
+        )
+
+    def to_train_batch(self, sample_mask: torch.Tensor) -> TrainBatch:
+        width = self.response_ids.shape[1]
+        response_mask = (torch.arange(width)[None, :] < self.response_lengths[:, None]).long()
+        return TrainBatch(
+            input_ids=torch.cat([self.prompt_ids, self.response_ids], dim=1),
+            attention_mask=torch.cat([self.prompt_mask, response_mask], dim=1),
+            token_mask=torch.cat([torch.zeros_like(self.prompt_ids), response_mask], dim=1).float(),
+            sample_mask=sample_mask,
+            generation_logprobs=torch.cat([torch.zeros(self.prompt_ids.shape), self.generation_logprobs], dim=1),
+            group_ids=self.group_ids,
+            rewards=self.rewards,
+            extras={f"reward/{name}": value for name, value in self.reward_components.items()},
+        )
+
+
 def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: Any,
                      sampling: SamplingParams, max_prompt_tokens: int, group_offset: int
-                     ) -> tuple[TrainBatch, dict[str, float], list[dict[str, Any]]]:
+                     ) -> tuple[RolloutBatch, dict[str, float]]:
     """Generate ``num_generations_per_prompt`` responses per prompt and score them."""
     G = cfg.grpo.num_generations_per_prompt
     prompt_ids = tokenize_prompts(tokenizer, prompts, max_prompt_tokens)
@@ -133,32 +219,41 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
         metadata.append(dict(prompt.metadata))
     rewards, valid, env_metrics = score(environment, cfg.env.name, logs, metadata,
                                         [p.source for p in row_prompts], cfg.env.on_reward_error)
-    total = torch.stack(list(rewards.values())).sum(0)
-
-    width = out.response_ids.shape[1]
-    response_mask = (torch.arange(width)[None, :] < out.response_lengths[:, None]).long()
-    batch = TrainBatch(
-        input_ids=torch.cat([input_ids, out.response_ids], dim=1),
-        attention_mask=torch.cat([attention_mask, response_mask], dim=1),
-        token_mask=torch.cat([torch.zeros_like(input_ids), response_mask], dim=1).float(),
-        sample_mask=valid.float(),
-        generation_logprobs=torch.cat([torch.zeros(input_ids.shape), out.logprobs], dim=1),
+    batch = RolloutBatch(
+        prompt_ids=input_ids, prompt_mask=attention_mask, response_ids=out.response_ids,
+        response_lengths=out.response_lengths, generation_logprobs=out.logprobs, truncated=out.truncated.bool(),
         group_ids=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G),
-        rewards=total,
-        extras={f"reward/{name}": value for name, value in rewards.items()},
+        reward_components=rewards, reward_valid=valid, message_logs=logs, metadata=metadata,
+        pad_token_id=tokenizer.pad_token_id, weight_version=out.weight_version,
     )
-    n_tokens = int(out.response_lengths.sum())
+    return batch, {f"env/{k}": float(v) for k, v in env_metrics.items()}
+
+
+def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[str, float]:
+    """Statistics of every row generated this step (all generation batches), valid rewards only."""
+    valid = torch.cat([b.reward_valid for b in batches])
+    rewards = torch.cat([b.rewards for b in batches])[valid]
+    lengths = torch.cat([b.response_lengths for b in batches])
     metrics = {
-        "reward/mean": float(total[valid].mean()) if valid.any() else float("nan"),
-        "reward/std": float(total[valid].std()) if valid.sum() > 1 else 0.0,
-        **{f"reward/{name}": float(v[valid].mean()) if valid.any() else float("nan") for name, v in rewards.items()},
+        "reward/mean": float(rewards.mean()) if rewards.numel() else float("nan"),
+        "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "reward/num_failed": float((~valid).sum()),
-        "response_length/mean": n_tokens / len(rows),
-        "truncated_fraction": float(out.truncated.float().mean()),
-        "generation/weight_version": float(out.weight_version),
-        "generated_tokens": float(n_tokens),
-        **{f"env/{k}": float(v) for k, v in env_metrics.items()},
+        "response_length/mean": float(lengths.float().mean()),
+        "truncated_fraction": float(torch.cat([b.truncated for b in batches]).float().mean()),
+        "trivial_group_fraction": float(trivial.float().mean()),
+        "generation/weight_version": float(batches[-1].weight_version),
+        "generated_tokens": float(lengths.sum()),
     }
-    samples = [{"prompt": log[0].content, "response": log[-1].content, "reward": float(total[i]),
-                "valid": bool(valid[i])} for i, log in enumerate(logs)]
-    return batch, metrics, samples
+    for name in batches[0].reward_components:
+        component = torch.cat([b.reward_components[name] for b in batches])[valid]
+        metrics[f"reward/{name}"] = float(component.mean()) if component.numel() else float("nan")
+    return metrics
+
+
+def example_of(rollouts: RolloutBatch | None) -> dict[str, Any] | None:
+    """The first sample of a batch, for the end-of-run summary."""
+    if rollouts is None or rollouts.batch_size == 0:
+        return None
+    log = rollouts.message_logs[0]
+    return {"prompt": log[0].content, "response": log[-1].content, "reward": float(rollouts.rewards[0]),
+            "valid": bool(rollouts.reward_valid[0])}

@@ -33,10 +33,17 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float,
-                      top_k: int | None, top_p: float) -> torch.Tensor:
-    """Input-aligned ``[B, S]`` logprobs of ``input_ids`` (column 0 is 0), in float32."""
+                      top_k: int | None, top_p: float, with_unfiltered: bool = False):
+    """Input-aligned ``[B, S]`` logprobs of ``input_ids`` (column 0 is 0), in float32.
+
+    With ``with_unfiltered``, also the logprobs without the top-k/top-p filter (temperature
+    still applied), which the KL penalty uses: a filtered-out token has logprob -inf.
+    """
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids_for(attention_mask), use_cache=False).logits
-    logits = process_logits(logits[:, :-1].float(), temperature, top_k, top_p)
-    logprobs = token_logprobs(logits, input_ids[:, 1:])
-    return torch.nn.functional.pad(logprobs, (1, 0))
+    scaled = logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:]
+    logprobs = torch.nn.functional.pad(token_logprobs(process_logits(scaled, 1.0, top_k, top_p), targets), (1, 0))
+    if not with_unfiltered:
+        return logprobs
+    return logprobs, torch.nn.functional.pad(token_logprobs(scaled, targets), (1, 0))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +20,7 @@ from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import NonFiniteError
+from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
 from grpo_sdk.core.protocols import LossFunction
 from grpo_sdk.core.records import TrainBatch
 
@@ -52,6 +52,9 @@ class HFPolicy:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
         gen = cfg.policy.generation
         self.sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
+        # With top-k/top-p the KL term uses the unfiltered distribution (a filtered token is -inf).
+        filtered = bool(gen.top_k) or gen.top_p < 1.0
+        self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
         opt = cfg.policy.optimizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # The fused kernel (CPU and CUDA) is ~2.5x faster than the per-tensor loop on small models.
@@ -89,33 +92,42 @@ class HFPolicy:
         rows = batch.batch_size
         global_rows = self.policy_cfg.train_global_batch_size or rows
         micro_rows = self.policy_cfg.train_micro_batch_size
-        totals: dict[str, float] = defaultdict(float)
-        grad_norms = []
+        step_metrics = []
         for start in range(0, rows, global_rows):
             global_batch = batch.rows(start, start + global_rows)
             token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
             valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
             self.optimizer.zero_grad(set_to_none=True)
+            micro_metrics = []
             for micro_start in range(0, global_batch.batch_size, micro_rows):
                 micro = global_batch.rows(micro_start, micro_start + micro_rows)
                 micro = micro.to(self.device)
-                logprobs = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask, **self.sampling)
-                loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks)
+                extra = {}
+                logprobs = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask, **self.sampling,
+                                             with_unfiltered=self.kl_needs_unfiltered)
+                if self.kl_needs_unfiltered:
+                    logprobs, extra["unfiltered_logprobs"] = logprobs
+                loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
+                                        **extra)
                 if not torch.isfinite(loss):
                     raise NonFiniteError(f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
                                          f"rows {start + micro_start}..{start + micro_start + micro.batch_size - 1}")
                 loss.backward()
-                for key, value in metrics.items():
-                    totals[key] += value  # already divided by the global counts: the sum is the batch value
-            grad_norms.append(self._clip_and_check_gradients())
+                micro_metrics.append(metrics)
+            if getattr(loss_fn, "requires_survivor_normalization", False):
+                # The in-loss logprob-error filter divided by the original counts; only now, after
+                # every micro-batch, are the surviving counts known.
+                factor, micro_metrics = loss_fn.survivor_normalization(
+                    micro_metrics, global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
+                for param in self.params:
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
+            grad_norm = self._clip_and_check_gradients()
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_steps += 1
-        num_steps = len(grad_norms)
-        out = {key: value / num_steps for key, value in totals.items()}
-        out["grad_norm"] = sum(grad_norms) / num_steps
-        out["lr"] = self.scheduler.get_last_lr()[0]
-        return out
+            step_metrics.append({**sum_micro_batches(micro_metrics), "grad_norm": grad_norm})
+        return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
