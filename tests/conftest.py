@@ -95,3 +95,15 @@ def tiny_model_dir(tmp_path_factory):
 
     torch.set_num_threads(1)
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"), seed=0)
+
+
+def small_trainer(registry, run_dir, model_dir, *overrides):
+    """A set-up GRPOTrainer on the built-in recipe with a local model and 4 x 4 rollouts."""
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.core.loop import GRPOTrainer
+
+    cfg = load_config(None, [f"policy.model_name={model_dir}", "grpo.num_prompts_per_step=4",
+                             "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=2", *overrides], registry)
+    trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry)
+    trainer.setup()
+    return trainer

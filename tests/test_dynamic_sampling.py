@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from grpo_sdk.algorithms.rewards import trivial_groups
-from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.records import EnvironmentReturn, Message
 from grpo_sdk.core.rollout import RolloutBatch
@@ -15,6 +14,7 @@ from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 from grpo_sdk.plugins.host import PluginHost
 from grpo_sdk.plugins.registry import Registry
+from conftest import small_trainer
 
 
 def rollouts(prompts, responses, group_offset=0, pad=0):
@@ -82,13 +82,7 @@ def registry():
 
 
 def trainer_for(registry, tmp_path, model_dir, *overrides):
-    from grpo_sdk.core.loop import GRPOTrainer
-
-    cfg = load_config(None, [f"policy.model_name={model_dir}", "grpo.num_prompts_per_step=4",
-                             "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=3", *overrides], registry)
-    trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
-    trainer.setup()
-    return trainer
+    return small_trainer(registry, tmp_path / "run", model_dir, *overrides)
 
 
 def test_dynamic_sampling_keeps_only_groups_with_a_signal(registry, tmp_path, tiny_model_dir):

@@ -15,15 +15,13 @@ import random
 import pytest
 import torch
 
-from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.errors import DataError, EnvironmentStepError, ModelLoadError, NonFiniteError
 from grpo_sdk.core.records import EnvironmentReturn
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 from grpo_sdk.plugins.host import PluginHost
 from grpo_sdk.plugins.registry import Registry
-
-SMALL = ["grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4"]
+from conftest import small_trainer
 
 
 class FlakyEnvironment(ReverseDigitsEnvironment):
@@ -68,12 +66,7 @@ def registry():
 
 
 def trainer_for(registry, tmp_path, model_dir, *overrides):
-    from grpo_sdk.core.loop import GRPOTrainer
-
-    cfg = load_config(None, [f"policy.model_name={model_dir}", *SMALL, *overrides], registry)
-    trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
-    trainer.setup()
-    return trainer
+    return small_trainer(registry, tmp_path / "run", model_dir, *overrides)
 
 
 def test_malformed_dataset_row_is_named_by_line(registry, tmp_path, tiny_model_dir):

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.records import EnvironmentReturn
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 from grpo_sdk.plugins.host import PluginHost
 from grpo_sdk.plugins.registry import Registry
+from conftest import small_trainer
 
 IS = "loss_fn.use_importance_sampling_correction=true"
 KL = "loss_fn.reference_policy_kl_penalty=0.05"
@@ -97,14 +97,8 @@ def teacher_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_trains_without_nan(name, registry, tmp_path, tiny_model_dir, teacher_dir):
-    from grpo_sdk.core.loop import GRPOTrainer
-
     overrides = [o.format(teacher_dir=teacher_dir) for o in VARIANTS[name]]
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}", "grpo.num_prompts_per_step=4",
-                             "grpo.num_generations_per_prompt=4", "policy.train_micro_batch_size=5", *overrides],
-                      registry)
-    trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
-    trainer.setup()
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "policy.train_micro_batch_size=5", *overrides)
     before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
     for _ in range(3):
         metrics, _ = trainer.train_step()
@@ -119,13 +113,9 @@ def test_variant_trains_without_nan(name, registry, tmp_path, tiny_model_dir, te
 
 def test_opd_advantages_are_teacher_minus_student_logprobs(registry, tmp_path, tiny_model_dir, teacher_dir):
     """The synchronous loop feeds the teacher's logprobs to the opd estimator (the seed only did in async)."""
-    from grpo_sdk.core.loop import GRPOTrainer
-
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}", "grpo.num_prompts_per_step=2",
-                             "grpo.num_generations_per_prompt=2", "grpo.adv_estimator.name=opd",
-                             f"on_policy_distillation.teacher_model={teacher_dir}"], registry)
-    trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
-    trainer.setup()
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "grpo.num_prompts_per_step=2",
+                            "grpo.num_generations_per_prompt=2", "grpo.adv_estimator.name=opd",
+                            f"on_policy_distillation.teacher_model={teacher_dir}")
     seen = {}
     train = trainer.policy.train
     trainer.policy.train = lambda batch, loss_fn: seen.setdefault("batch", batch) and train(batch, loss_fn)
