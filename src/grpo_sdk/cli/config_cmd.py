@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,7 +60,7 @@ def schema(section: Optional[str] = typer.Argument(None, help="Only keys under t
     def body() -> None:
         lines = []
         for path, type_name, default, help_text in schema_rows(C.MasterConfig, "", get_registry()):
-            if section and not (path == section or path.startswith(section + ".")):
+            if section and not (path == section or path.startswith((section + ".", section + "[]"))):
                 continue
             lines.append(f"{path}: {type_name} = {default}\n    {help_text}")
         if not lines:
@@ -94,9 +95,13 @@ def schema_rows(cls: type, prefix: str, registry: Any) -> list[tuple[str, str, s
         if field.metadata.get("internal"):
             continue
         path = f"{prefix}{field.name}"
+        item_type = typing.get_args(field.type)[0] if typing.get_origin(field.type) is list else None
         if attrs.has(field.type):
             rows.append((path, "section", "", field.metadata.get("help", "")))
             rows.extend(schema_rows(field.type, path + ".", registry))
+        elif item_type is not None and attrs.has(item_type):
+            rows.append((path, f"list of {item_type.__name__}", _default_text(field), field.metadata.get("help", "")))
+            rows.extend(schema_rows(item_type, path + "[].", registry))
         else:
             rows.append((path, _type_name(field.type), _default_text(field), field.metadata.get("help", "")))
     slot = getattr(cls, "__plugin__", None)

@@ -121,6 +121,18 @@ class GRPOConfig:
     seq_logprob_error_threshold: float | None = option(
         None, "Drop samples whose mean per-token exp(|generation logprob - policy logprob|) exceeds this (e.g. 1.5) "
         "from the loss; the metric is logged either way.")
+    val_period: int = option(10, "Validate every this many steps; 0 disables periodic validation.",
+                             validator=non_negative)
+    val_start_at: int = option(-1, "First step eligible for periodic validation; -1: no delay.")
+    val_at_start: bool = option(False, "Validate before the first step.")
+    val_at_end: bool = option(False, "Validate after the last step.")
+    val_batch_size: int = option(256, "Validation prompts per generation call.", validator=positive)
+    max_val_samples: int = option(256, "Validation prompts per validation (each sampled "
+                                  "val_num_generations_per_prompt times).", validator=positive)
+    val_num_generations_per_prompt: int = option(1, "Samples per validation prompt (k of pass_k).", validator=positive)
+    stop_at_validation_metric: str | None = option(None, "Stop training once this validation metric (e.g. "
+                                                   "accuracy, pass_k) reaches stop_at_validation_threshold.")
+    stop_at_validation_threshold: float | None = option(None, "Threshold for stop_at_validation_metric.")
 
 
 # --- loss_fn --------------------------------------------------------------------------------
@@ -243,14 +255,37 @@ class PolicyConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DatasetConfig:
+    path: str = option(help="A JSONL or Parquet file, or a directory saved by datasets' save_to_disk.")
+    weight: float = option(1.0, "Share of each step's prompts drawn from this dataset, relative to the others.",
+                           validator=positive)
+    prompt_key: str | None = option(None, "Key of the prompt text; null uses data.prompt_key.")
+
+
+@attrs.frozen(kw_only=True)
 class DataConfig:
-    train_path: str | None = option(None, "JSONL file of training prompts, one object per line; null: "
-                                    "the environment generates prompts (synthetic tasks).")
+    train_path: str | None = option(None, "Training prompts: a JSONL or Parquet file, or a directory saved by "
+                                    "datasets' save_to_disk; null: the environment generates prompts (synthetic "
+                                    "tasks).")
+    validation_path: str | None = option(None, "Validation prompts, in the same formats; null: the environment "
+                                         "generates them (synthetic tasks) or there is no validation.")
     prompt_key: str = option("prompt", "Key of the prompt text in each row; the other keys are passed "
                              "to the environment as metadata.")
+    prompt_template: str | None = option(None, "Python format string wrapped around the prompt, e.g. "
+                                         "'Question: {prompt} Answer:'; null uses the prompt as is.")
+    system_prompt: str | None = option(None, "System message put before the prompt when the chat template is used.")
+    use_chat_template: bool = option(False, "Build the prompt with the tokenizer's chat template (a user "
+                                     "message, plus system_prompt), ending with the generation prompt.")
     max_input_seq_length: int | None = option(None, "Longest prompt in tokens; null: "
                                               "max_total_sequence_length - max_new_tokens.")
+    filter_long_prompts: bool = option(False, "Drop prompts longer than max_input_seq_length when the dataset is "
+                                       "loaded (and count them); false: such a prompt is an error naming its row.")
     shuffle: bool = option(True, "Shuffle the dataset every epoch (seeded by grpo.seed).")
+    num_workers: int = option(1, "Processes that tokenize the dataset when it is loaded.", validator=positive)
+    use_multiple_dataloader: bool = option(False, "Mix the datasets listed in data.datasets by their weights "
+                                           "instead of reading data.train_path.")
+    datasets: list[DatasetConfig] = option(factory=list, help="The training datasets to mix when "
+                                           "use_multiple_dataloader is true.")
 
 
 @attrs.frozen(kw_only=True)
@@ -285,14 +320,26 @@ class LoggerConfig:
 
     log_dir: str = option("runs", "Parent directory of run directories (grpoctl run --run-dir overrides).")
     loggers: list[str] = option(factory=lambda: ["jsonl"], help="Metric sinks, names in the grpo_sdk.loggers group.")
+    dump_train_data: bool = option(False, "Write every step's training batch (prompts, responses, token ids, masks, "
+                                   "rewards, advantages, logprobs) to <run_dir>/train_data/step_N.jsonl.")
     blocks: dict[str, Any] = _internal()
     configs: dict[str, Any] = _internal()
 
 
 @attrs.frozen(kw_only=True)
 class CheckpointingConfig:
-    enabled: bool = option(True, "Save the final policy (safetensors, config, tokenizer) when the run ends.")
+    enabled: bool = option(True, "Write checkpoints (policy as safetensors with config and tokenizer, optimizer, "
+                           "RNG and dataloader state) every save_period steps and at the end.")
     checkpoint_dir: str | None = option(None, "Where checkpoints go; null: <run_dir>/checkpoints.")
+    save_period: int = option(10, "Save every this many steps.", validator=positive)
+    keep_top_k: int | None = option(3, "Keep the k best checkpoints by metric_name (plus always the latest, for "
+                                    "resume); null keeps all.")
+    metric_name: str | None = option("val:accuracy", "Metric that ranks checkpoints, prefixed train: or val:; "
+                                     "null ranks by step (newest best).")
+    higher_is_better: bool = option(True, "Whether a larger metric_name is better.")
+    checkpoint_must_save_by: str | None = option(None, "Wall-clock budget 'DD:HH:MM:SS' (or 'HH:MM:SS') from the "
+                                                 "start of this process: save and exit before it runs out.")
+    save_optimizer: bool = option(True, "Include the optimizer state (needed for an exact resume).")
 
 
 @attrs.frozen(kw_only=True)

@@ -114,6 +114,55 @@ def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     return problems
 
 
+def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]:
+    """Data, validation and checkpointing."""
+    grpo, data, ckpt, problems = cfg.grpo, cfg.data, cfg.checkpointing, []
+    info = registry.info("environment", cfg.env.name) if registry is not None else None
+    generates = info is not None and info.spec is not None and "generates_prompts" in info.spec.capabilities
+    if data.use_multiple_dataloader:
+        if not data.datasets:
+            problems.append(("data.datasets", "is empty, but data.use_multiple_dataloader is true"))
+        if data.train_path:
+            problems.append(("data.train_path", "is ignored when data.use_multiple_dataloader is true; unset one"))
+    elif data.datasets:
+        problems.append(("data.datasets", "is set, but data.use_multiple_dataloader is false"))
+    elif not data.train_path and info is not None and not generates:
+        problems.append(("data.train_path", f"is required: environment {cfg.env.name!r} does not generate prompts"))
+    validating = grpo.val_period > 0 or grpo.val_at_start or grpo.val_at_end
+    if validating and not data.validation_path and info is not None and not generates:
+        problems.append(("data.validation_path",
+                         f"is required when validation is on (grpo.val_period={grpo.val_period}, val_at_start, "
+                         f"val_at_end): environment {cfg.env.name!r} does not generate prompts; set "
+                         "grpo.val_period=0 to train without validation"))
+    if grpo.stop_at_validation_metric is not None and grpo.stop_at_validation_threshold is None:
+        problems.append(("grpo.stop_at_validation_threshold", "must be set with grpo.stop_at_validation_metric"))
+    if grpo.stop_at_validation_metric == "pass_k" and grpo.val_num_generations_per_prompt <= 1:
+        problems.append(("grpo.stop_at_validation_metric",
+                         "'pass_k' needs grpo.val_num_generations_per_prompt > 1"))
+    if ckpt.keep_top_k is not None and ckpt.keep_top_k < 1:
+        problems.append(("checkpointing.keep_top_k", f"must be >= 1 or null: {ckpt.keep_top_k}"))
+    if ckpt.metric_name is not None and not ckpt.metric_name.startswith(("train:", "val:")):
+        problems.append(("checkpointing.metric_name", f"{ckpt.metric_name!r} must start with train: or val:"))
+    if ckpt.checkpoint_must_save_by is not None:
+        try:
+            parse_duration(ckpt.checkpoint_must_save_by)
+        except ValueError as exc:
+            problems.append(("checkpointing.checkpoint_must_save_by", str(exc)))
+    return problems
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in 'DD:HH:MM:SS' or 'HH:MM:SS'."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not 'DD:HH:MM:SS' or 'HH:MM:SS'")
+    values = [int(p) for p in parts]
+    if len(values) == 3:
+        values.insert(0, 0)
+    days, hours, minutes, seconds = values
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
-    return check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
+    return check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry) + check_lifecycle(cfg, registry)

@@ -227,6 +227,16 @@ class Structurer:
             return value
         if origin in (list, tuple) and not isinstance(value, (list, tuple)):
             raise _Problems([("", f"expected a list, got {_describe(value)}", False)])
+        if origin is list and args and attrs.has(args[0]):  # a list of sections: each one strictly
+            items, problems = [], []
+            for i, item in enumerate(value):
+                try:
+                    items.append(self._attrs(item, args[0], f"{path}[{i}]"))
+                except _Problems as inner:
+                    problems.extend((_join(f"[{i}]", p), m, pl) for p, m, pl in inner.items)
+            if problems:
+                raise _Problems(problems)
+            return items
         if origin is dict and not isinstance(value, dict):
             raise _Problems([("", f"expected a mapping, got {_describe(value)}", False)])
         try:

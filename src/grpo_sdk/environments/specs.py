@@ -1,4 +1,8 @@
-"""Entry-point targets and config classes of the built-in environments."""
+"""Entry-point targets and config classes of the built-in environments.
+
+Capability ``generates_prompts``: the environment implements ``sample_prompts(n, rng)``, so a run
+needs no dataset (synthetic tasks), for training or validation.
+"""
 
 from __future__ import annotations
 
@@ -19,5 +23,6 @@ REVERSE_DIGITS = ComponentSpec(
     kind="environment",
     impl="grpo_sdk.environments.reverse_digits:ReverseDigitsEnvironment",
     config="grpo_sdk.environments.specs:ReverseDigitsConfig",
+    capabilities={"generates_prompts"},
     summary="Synthetic task: reverse a digit string; partial credit per correct position.",
 )
