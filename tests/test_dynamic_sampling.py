@@ -71,7 +71,8 @@ class ConstantEnvironment(ReverseDigitsEnvironment):
 class Components:
     @hookimpl
     def grpo_components(self):
-        return [ComponentSpec(name="constant", kind="environment", impl=f"{__name__}:ConstantEnvironment")]
+        return [ComponentSpec(name="constant", kind="environment", impl=f"{__name__}:ConstantEnvironment",
+                              capabilities={"generates_prompts"})]
 
 
 @pytest.fixture(scope="module")

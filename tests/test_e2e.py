@@ -53,7 +53,7 @@ def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
     # the final checkpoint is a Hugging Face model directory
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    checkpoint = run / "checkpoints" / "step_500"
+    checkpoint = run / "checkpoints" / "step_500" / "policy"
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     assert model.config.n_layer == 2 and tokenizer("12345>").input_ids[0] == tokenizer.bos_token_id

@@ -54,7 +54,8 @@ class Components:
     @hookimpl
     def grpo_components(self):
         return [ComponentSpec(name="flaky", kind="environment", impl=f"{__name__}:FlakyEnvironment",
-                              config="grpo_sdk.environments.specs:ReverseDigitsConfig"),
+                              config="grpo_sdk.environments.specs:ReverseDigitsConfig",
+                              capabilities={"generates_prompts"}),
                 ComponentSpec(name="nan_adv", kind="estimator", impl=f"{__name__}:NaNEstimator")]
 
 
@@ -87,9 +88,8 @@ def test_prompt_longer_than_the_context_is_named(registry, tmp_path, tiny_model_
     data = tmp_path / "prompts.jsonl"
     rows = [{"prompt": "12345>", "target": "54321"}] * 3 + [{"prompt": "1" * 80 + ">", "target": "1"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    trainer = trainer_for(registry, tmp_path, tiny_model_dir, f"data.train_path={data}", "data.shuffle=false")
     with pytest.raises(DataError, match=r"prompts.jsonl line 4: prompt is 82 tokens, longer than the 59"):
-        trainer.train()
+        trainer_for(registry, tmp_path, tiny_model_dir, f"data.train_path={data}", "data.shuffle=false")
 
 
 def test_missing_model_directory_names_the_path(registry, tmp_path):

@@ -77,7 +77,8 @@ class Components:
     @hookimpl
     def grpo_components(self):
         return [ComponentSpec(name="reverse_two_rewards", kind="environment", impl=f"{__name__}:TwoRewards",
-                              config="grpo_sdk.environments.specs:ReverseDigitsConfig")]
+                              config="grpo_sdk.environments.specs:ReverseDigitsConfig",
+                              capabilities={"generates_prompts"})]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import traceback
 
 import typer
 
-from grpo_sdk.cli import config_cmd, doctor_cmd, plugins_cmd, run_cmd
+from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
 
@@ -44,6 +44,8 @@ app.command("run", epilog=EPILOG, no_args_is_help=False)(run_cmd.run)
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(plugins_cmd.app, name="plugins")
 app.command("doctor", epilog=EPILOG)(doctor_cmd.doctor)
+app.command("report", epilog=EPILOG)(report_cmd.report)
+app.command("export", epilog=EPILOG)(export_cmd.export)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,13 +26,30 @@ def run(
                                                        "plugin for this run (quick hacks, like pytest -p)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar; default: "
                                             "on when stdout is a terminal."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR from its latest "
+                                          "checkpoint, with its saved config (overrides still apply)."),
 ) -> None:
-    """Train with GRPO. Writes config, plugin versions, metrics.jsonl and a final checkpoint to the run dir."""
-    guarded(lambda: _run(overrides or [], [str(c) for c in config or []], run_dir, plugin_modules or [], progress))
+    """Train with GRPO. Writes config, plugin versions, metrics.jsonl and checkpoints to the run dir.
+
+    A run directory that already holds checkpoints is resumed from the latest one.
+    """
+    files = [str(c) for c in config or []]
+    if resume is not None:
+        saved = resume / "config.resolved.yaml"
+        if not saved.is_file():
+            guarded(lambda: _fail_resume(resume))
+        files = [str(saved), *files]
+        run_dir = run_dir or resume
+    guarded(lambda: _run(overrides or [], files, run_dir, plugin_modules or [], progress, resume is not None))
+
+
+def _fail_resume(run_dir: Path) -> None:
+    raise ConfigError([("--resume", f"{run_dir} is not a run directory (no config.resolved.yaml)")])
 
 
 def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
-         progress: bool | None) -> None:
+         progress: bool | None, resume: bool) -> None:
+    from grpo_sdk.core.checkpoint import CheckpointManager
     from grpo_sdk.core.config_loader import load_config
 
     registry = get_registry()
@@ -46,8 +63,10 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
         registry = STATE.registry = Registry.discover(host=STATE.host)
     cfg = load_config(files, overrides, registry)
     run_dir = run_dir or Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
-    if (run_dir / "metrics.jsonl").exists():
-        raise ConfigError([("--run-dir", f"{run_dir} already holds a run (metrics.jsonl); choose another directory")])
+    resume = resume or CheckpointManager(cfg.checkpointing, run_dir).latest() is not None
+    if (run_dir / "metrics.jsonl").exists() and not resume:
+        raise ConfigError([("--run-dir", f"{run_dir} already holds a run without a checkpoint (metrics.jsonl); "
+                                         "choose another directory, or restart it with --resume")])
 
     from grpo_sdk.core.loop import GRPOTrainer  # imports torch
     from transformers.utils import logging as hf_logging
@@ -59,22 +78,29 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
     print(f"grpoctl run: {cfg.policy.model_name} | {cfg.env.name} | {cfg.grpo.adv_estimator.name} | "
           f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt} generations | "
           f"{total} steps | run dir {run_dir}", flush=True)
-    trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry)
+    trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry, resume=resume)
     trainer.setup()
-    reporter = BarReporter(total) if show_bar else LineReporter(total)
+    if trainer.step:
+        print(f"resumed from step {trainer.step} ({trainer.checkpoints.latest()})", flush=True)
+    reporter = BarReporter(total, trainer.step) if show_bar else LineReporter(total)
     try:
         with reporter:
             summary = trainer.train(on_step=reporter.update)
     finally:
         trainer.shutdown()
+    ending = {"early_stop": " (early stop: validation threshold reached)",
+              "deadline": " (stopped to meet checkpointing.checkpoint_must_save_by)"}.get(summary.status, "")
     print(f"\nreward {summary.reward_first:.3f} -> {summary.reward_last:.3f} (first step -> mean of the last "
-          f"{min(10, summary.steps)}) in {summary.steps} steps, {summary.seconds:.1f} s")
+          f"{min(10, summary.steps)}) in {summary.steps} steps, {summary.seconds:.1f} s{ending}")
+    if summary.validation:
+        print("validation: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.validation.items() if k != "num_samples"))
     if summary.example:
         ex = summary.example
         print(f"example: {ex['prompt']!r} -> {ex['response']!r} (reward {ex['reward']:.2f})")
     print(f"run dir: {summary.run_dir}")
     if summary.checkpoint:
-        print(f"checkpoint: {summary.checkpoint}")
+        print(f"checkpoint: {summary.checkpoint} (policy/ is a Hugging Face model directory; "
+              f"grpoctl export {summary.run_dir} DIR copies it)")
 
 
 def _fields(metrics: dict[str, float]) -> tuple[float, float, float]:
@@ -105,13 +131,13 @@ class LineReporter:
 class BarReporter:
     """A Rich progress bar on a terminal."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, completed: int = 0):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
         self.progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
                                  TimeElapsedColumn(), TimeRemainingColumn())
-        self.task = self.progress.add_task("train", total=total, info="")
+        self.task = self.progress.add_task("train", total=total, completed=completed, info="")
 
     def __enter__(self) -> BarReporter:
         self.progress.start()

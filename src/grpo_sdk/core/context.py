@@ -26,3 +26,4 @@ class RunContext:
     seed: int
     needs_reference: bool  # the loss has a KL penalty, so the policy keeps a frozen reference copy
     registry: Any = None
+    resume_step: int | None = None  # resuming: the checkpoint's step (0: none yet); loggers drop later steps

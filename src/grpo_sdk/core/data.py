@@ -1,34 +1,76 @@
-"""Where prompts come from: a JSONL file, or an environment that makes its own (synthetic tasks).
+"""Where prompts come from: dataset files, a weighted mixture of them, or an environment that
+makes its own (synthetic tasks).
 
-Every prompt carries a ``source`` label (``"data.jsonl line 7"``, ``"reverse_digits prompt 12"``)
-so an error about it can name it.
+Files: JSON lines (``.jsonl``, ``.json``), Parquet (``.parquet``) or a directory written by
+``datasets.Dataset.save_to_disk``. Every row is read, checked, templated and tokenized when the
+source is built, so a bad row fails at start-up rather than at step 900, and every prompt
+carries a ``source`` label (``"data/train.jsonl line 7"``, ``"data/train.parquet row 17"``;
+lines count from 1 as an editor shows them, rows from 0 as ``table[i]`` indexes them).
+
+Every source has ``next_prompts(count)``, ``epoch`` (completed passes) and a JSON-serialisable
+``state_dict()``; ``load_state_dict`` on a freshly built source over the same data makes it
+continue with exactly the prompts the saved one would have produced (exact resume). Nothing
+random is stored: a dataset's order in epoch ``e`` is a permutation seeded by
+``(grpo.seed, e)``, so a position and an epoch number are its whole state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import random
+from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import attrs
 
 from grpo_sdk.core.errors import ConfigError, DataError
 
+log = logging.getLogger(__name__)
+
+DATA_EXTRA = "pip install 'grpo-sdk[data]'"
+TOO_LONG_HINT = ("(data.max_input_seq_length, or policy.max_total_sequence_length - "
+                 "policy.generation.max_new_tokens)")
+
 
 @attrs.frozen(kw_only=True)
 class Prompt:
-    text: str
-    metadata: dict[str, Any]
+    text: str  # after data.prompt_template and the chat template: what the model is shown
+    metadata: dict[str, Any]  # the row's other keys, passed to the environment
     source: str  # where it came from, for error messages
+    token_ids: tuple[int, ...] | None = None  # `text` tokenized once at load; None: the rollout tokenizes it
 
 
-def read_jsonl_prompts(path: str | Path, prompt_key: str = "prompt") -> list[Prompt]:
-    """Read and check every row up front, so a bad row fails at start-up, not at step 900."""
+# --- reading rows ---------------------------------------------------------------------------------
+
+
+def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(where, row)`` for every row of a JSONL/JSON/Parquet file or a save_to_disk directory."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        return _dataset_dir_rows(path)
     if not path.is_file():
-        raise DataError(f"data.train_path: no file at {path}")
-    prompts = []
+        raise DataError(f"{path}: no such file or directory")
+    if path.suffix in (".jsonl", ".json"):
+        return _jsonl_rows(path)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DataError(f"{path}: reading Parquet needs pyarrow: {DATA_EXTRA}") from None
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+        return [(f"{path} row {i}", row) for i, row in enumerate(rows)]
+    raise DataError(f"{path}: unknown format {path.suffix!r}; expected .jsonl, .json, .parquet or a directory "
+                    "saved by datasets' save_to_disk")
+
+
+def _jsonl_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -37,71 +79,362 @@ def read_jsonl_prompts(path: str | Path, prompt_key: str = "prompt") -> list[Pro
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            if prompt_key not in row:
-                raise DataError(f"{where}: no {prompt_key!r} key (data.prompt_key); keys: {sorted(row)}")
-            text = row.pop(prompt_key)
-            if not isinstance(text, str) or not text:
-                raise DataError(f"{where}: {prompt_key!r} must be a non-empty string, got {text!r}")
-            prompts.append(Prompt(text=text, metadata=row, source=where))
+                raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                                "expected one JSON object per line") from None
+            rows.append((where, row))
+    return rows
+
+
+def _dataset_dir_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a saved Hugging Face dataset needs datasets: {DATA_EXTRA}") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"{path}: not a directory saved by datasets' save_to_disk ({exc})") from None
+    label = str(path)
+    if isinstance(ds, datasets.DatasetDict):  # a dict of splits: train on "train", or on the only split
+        if "train" not in ds and len(ds) != 1:
+            raise DataError(f"{path}: a DatasetDict with splits {sorted(ds)} and no 'train' split; save one split")
+        split = "train" if "train" in ds else next(iter(ds))
+        ds, label = ds[split], f"{path} (split {split})"
+    return [(f"{label} row {i}", row) for i, row in enumerate(ds.to_list())]
+
+
+# --- building prompts -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class PromptBuilder:
+    """Turns a prompt text into what the model sees, and its token ids.
+
+    With the chat template the conversation is rendered to text and that text is tokenized
+    without adding special tokens: the template already holds them (a BOS added again by the
+    tokenizer would double it). This is what ``apply_chat_template(tokenize=True)`` does.
+    """
+
+    tokenizer: Any = None  # None: no token ids; the rollout tokenizes the text
+    template: str | None = None
+    system_prompt: str | None = None
+    use_chat_template: bool = False
+
+    def fill_template(self, text: str, row: dict[str, Any], where: str) -> str:
+        if self.template is None:
+            return text
+        try:
+            return self.template.format_map({**row, "prompt": text})
+        except (KeyError, IndexError) as exc:
+            raise DataError(f"{where}: data.prompt_template {self.template!r} needs {exc}, which the row lacks; "
+                            f"keys: {sorted(row)} and 'prompt'") from None
+
+    def encode(self, texts: Sequence[str]) -> tuple[list[str], list[list[int]] | None]:
+        """The final texts and their token ids (None without a tokenizer)."""
+        texts = list(texts)
+        if self.tokenizer is None or not texts:
+            return texts, None if self.tokenizer is None else []
+        if not self.use_chat_template:
+            return texts, self.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        conversations = [[*system, {"role": "user", "content": t}] for t in texts]
+        rendered = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+        return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def make_builder(data_cfg: Any, tokenizer: Any) -> PromptBuilder:
+    if data_cfg.use_chat_template:
+        if tokenizer is None:
+            raise ConfigError([("data.use_chat_template", "needs the tokenizer to build prompts")])
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError([("data.use_chat_template",
+                                f"is true, but the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no "
+                                "chat_template; use an instruct model's tokenizer, or set it false and use "
+                                "data.prompt_template")])
+    return PromptBuilder(tokenizer=tokenizer, template=data_cfg.prompt_template, system_prompt=data_cfg.system_prompt,
+                         use_chat_template=data_cfg.use_chat_template)
+
+
+# Process-pool tokenization: each worker receives the builder (and its tokenizer) once.
+_WORKER_BUILDER: PromptBuilder | None = None
+PARALLEL_MIN_ROWS = 2000  # below this, starting the workers costs more than it saves
+
+
+def _init_worker(builder: PromptBuilder) -> None:
+    global _WORKER_BUILDER
+    _WORKER_BUILDER = builder
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[list[str], list[list[int]] | None]:
+    assert _WORKER_BUILDER is not None
+    return _WORKER_BUILDER.encode(texts)
+
+
+def encode_texts(builder: PromptBuilder, texts: list[str],
+                 num_workers: int) -> tuple[list[str], list[list[int]] | None]:
+    """``builder.encode`` over ``texts``, in contiguous chunks on ``num_workers`` processes; same order.
+
+    Only the Python part gains from workers: a fast tokenizer's batch call already runs on every
+    core in Rust, while rendering a chat template (Jinja) holds the GIL. Measured on 50k
+    GSM8K-length rows, 2 cores: plain text 2.7 s serial, 3.3-3.7 s with 2 processes; chat template
+    5.1 s serial, 4.0-4.6 s with 2 processes, 5.6 s with 2 threads. So plain text with a fast
+    tokenizer stays serial, and workers are processes. "spawn", not fork: the parent may hold
+    torch and tokenizer thread pools, which a forked child inherits in an unknown state (a script
+    that builds a source with workers needs the usual ``if __name__ == "__main__":`` guard).
+    """
+    python_heavy = builder.use_chat_template or not getattr(builder.tokenizer, "is_fast", False)
+    if num_workers <= 1 or builder.tokenizer is None or not python_heavy or len(texts) < PARALLEL_MIN_ROWS:
+        return builder.encode(texts)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    size = -(-len(texts) // (num_workers * 4))  # a few chunks per worker evens out their speeds
+    chunks = [texts[i:i + size] for i in range(0, len(texts), size)]
+    with ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(builder,)) as pool:
+        parts = list(pool.map(_encode_in_worker, chunks))
+    return [t for p in parts for t in p[0]], [ids for p in parts for ids in p[1]]
+
+
+def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, max_prompt_tokens: int | None,
+                 filter_long: bool, num_workers: int = 1, key: str = "data.train_path",
+                 label: str = "") -> tuple[list[Prompt], int]:
+    """Every prompt of a dataset, checked, templated and tokenized; and how many were too long (dropped)."""
+    texts, metadata, sources = [], [], []
+    for where, row in read_rows(path):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected an object with a {prompt_key!r} key, got {type(row).__name__}")
+        if prompt_key not in row:
+            raise DataError(f"{where}: no {prompt_key!r} key (data.prompt_key); keys: {sorted(row)}")
+        meta = {k: v for k, v in row.items() if k != prompt_key}
+        text = row[prompt_key]
+        if not isinstance(text, str) or not text:
+            raise DataError(f"{where}: {prompt_key!r} must be a non-empty string, got {text!r}")
+        texts.append(builder.fill_template(text, meta, where))
+        metadata.append(meta)
+        sources.append(where + label)
+    if not texts:
+        raise DataError(f"{key}: {path} holds no rows")
+    texts, ids = encode_texts(builder, texts, num_workers)
+    prompts, too_long = [], []
+    for i, text in enumerate(texts):
+        if ids is not None and max_prompt_tokens is not None and len(ids[i]) > max_prompt_tokens:
+            if not filter_long:
+                raise DataError(f"{sources[i]}: prompt is {len(ids[i])} tokens, longer than the {max_prompt_tokens} "
+                                f"allowed {TOO_LONG_HINT}; data.filter_long_prompts=true drops such prompts")
+            too_long.append(sources[i])
+            continue
+        prompts.append(Prompt(text=text, metadata=metadata[i], source=sources[i],
+                              token_ids=tuple(ids[i]) if ids is not None else None))
+    if too_long:
+        log.warning("%s: dropped %d of %d prompts longer than %d tokens (data.filter_long_prompts), first: %s",
+                    path, len(too_long), len(texts), max_prompt_tokens, too_long[0])
     if not prompts:
-        raise DataError(f"data.train_path: {path} holds no rows")
-    return prompts
+        raise DataError(f"{key}: every prompt of {path} is longer than {max_prompt_tokens} tokens {TOO_LONG_HINT}")
+    return prompts, len(too_long)
+
+
+# --- prompt sources -------------------------------------------------------------------------------
+
+
+def _fingerprint(prompts: Sequence[Prompt]) -> str:
+    digest = hashlib.sha256()
+    for p in prompts:
+        digest.update(f"{p.source}\0{p.text}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 class DatasetPrompts:
-    """Prompts of a finite dataset, reshuffled every epoch; ``epoch`` counts completed passes."""
+    """Prompts of a finite dataset, in a fresh permutation every epoch; ``epoch`` counts completed passes."""
 
-    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int):
+    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int, salt: str = "train",
+                 num_filtered: int = 0):
         self.prompts = prompts
         self.shuffle = shuffle
         self.seed = seed
+        self.salt = salt  # tells apart the datasets of a mixture, so they are not shuffled alike
+        self.num_filtered = num_filtered
+        self.fingerprint = _fingerprint(prompts)
         self.epoch = 0
         self.position = 0
         self.order = self._order()
 
     def _order(self) -> list[int]:
         order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(order)
+        if self.shuffle:  # a string seed hashes with SHA-512: the same on every platform and Python
+            random.Random(f"{self.seed}:{self.salt}:{self.epoch}").shuffle(order)
         return order
 
     def next_prompts(self, count: int) -> list[Prompt]:
         out = []
         while len(out) < count:
-            if self.position == len(self.order):
+            out.append(self.prompts[self.order[self.position]])
+            self.position += 1
+            if self.position == len(self.order):  # counted as soon as the pass completes
                 self.epoch += 1
                 self.position = 0
                 self.order = self._order()
-            out.append(self.prompts[self.order[self.position]])
-            self.position += 1
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "dataset", "epoch": self.epoch, "position": self.position, "size": len(self.prompts),
+                "fingerprint": self.fingerprint, "seed": self.seed, "shuffle": self.shuffle}
 
-class EnvironmentPrompts:
-    """An endless stream of prompts from an environment's ``sample_prompts``."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_state(state, "dataset", {"size": len(self.prompts), "fingerprint": self.fingerprint,
+                                        "seed": self.seed, "shuffle": self.shuffle})
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.order = self._order()
 
-    def __init__(self, environment: Any, env_name: str, *, seed: int):
-        self.environment = environment
-        self.env_name = env_name
-        self.rng = random.Random(seed)
-        self.epoch = 0
-        self.count = 0
+
+class MixturePrompts:
+    """Several datasets, each step's prompts split between them by weight.
+
+    Slot by slot, the next prompt comes from the dataset furthest behind its share
+    (``weight_i / sum(weights)`` of all prompts drawn so far; ties go to the earlier dataset), in
+    exact fractions (smooth weighted round-robin). Every dataset gets exactly its share whenever
+    all shares of the prompts drawn so far are whole (with weights 3:1 and 4 prompts a step: 3
+    and 1 every step), and stays within about a prompt of it in between; nothing random is
+    involved, so ``drawn`` is the whole state. Each dataset cycles through its own shuffled
+    order. ``epoch`` is the least number of passes any dataset has completed: with
+    ``grpo.max_num_epochs: 1`` the run ends once every dataset has been seen in full (a small
+    dataset with a large weight repeats meanwhile, as its weight asks).
+    """
+
+    def __init__(self, parts: list[DatasetPrompts], weights: Sequence[float]):
+        self.parts = parts
+        self.weights = [Fraction(w) for w in weights]
+        self.total_weight = sum(self.weights)
+        self.drawn = [0] * len(parts)
+
+    @property
+    def epoch(self) -> int:
+        return min(p.epoch for p in self.parts)
+
+    @property
+    def num_filtered(self) -> int:
+        return sum(p.num_filtered for p in self.parts)
 
     def next_prompts(self, count: int) -> list[Prompt]:
         out = []
-        for text, metadata in self.environment.sample_prompts(count, self.rng):
-            out.append(Prompt(text=text, metadata=metadata, source=f"{self.env_name} prompt {self.count}"))
-            self.count += 1
+        for _ in range(count):
+            total = sum(self.drawn) + 1
+            deficits = [total * w - self.total_weight * d for w, d in zip(self.weights, self.drawn)]
+            pick = deficits.index(max(deficits))
+            self.drawn[pick] += 1
+            out.extend(self.parts[pick].next_prompts(1))
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "mixture", "drawn": list(self.drawn), "weights": [str(w) for w in self.weights],
+                "parts": [p.state_dict() for p in self.parts]}
 
-def make_prompt_source(cfg: Any, environment: Any) -> DatasetPrompts | EnvironmentPrompts:
-    if cfg.data.train_path:
-        return DatasetPrompts(read_jsonl_prompts(cfg.data.train_path, cfg.data.prompt_key),
-                              shuffle=cfg.data.shuffle, seed=cfg.grpo.seed)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_state(state, "mixture", {"weights": [str(w) for w in self.weights]})
+        if len(state["parts"]) != len(self.parts):
+            raise DataError(f"dataloader state: saved for {len(state['parts'])} datasets, this run mixes "
+                            f"{len(self.parts)} (data.datasets)")
+        for part, part_state in zip(self.parts, state["parts"]):
+            part.load_state_dict(part_state)
+        self.drawn = [int(d) for d in state["drawn"]]
+
+
+class EnvironmentPrompts:
+    """An endless stream of prompts from an environment's ``sample_prompts(n, rng)``; ``epoch`` stays 0."""
+
+    def __init__(self, environment: Any, env_name: str, *, seed: int | str, builder: PromptBuilder | None = None,
+                 max_prompt_tokens: int | None = None):
+        self.environment = environment
+        self.env_name = env_name
+        self.rng = random.Random(seed)
+        self.builder = builder or PromptBuilder()
+        self.max_prompt_tokens = max_prompt_tokens
+        self.epoch = 0
+        self.count = 0
+        self.num_filtered = 0
+
+    def next_prompts(self, count: int) -> list[Prompt]:
+        drawn = list(self.environment.sample_prompts(count, self.rng))
+        start, self.count = self.count, self.count + len(drawn)
+        sources = [f"{self.env_name} prompt {start + i}" for i in range(len(drawn))]
+        texts = [self.builder.fill_template(text, meta, src) for (text, meta), src in zip(drawn, sources)]
+        texts, ids = self.builder.encode(texts)
+        out = []
+        for i, ((_, meta), text, source) in enumerate(zip(drawn, texts, sources)):
+            if ids is not None and self.max_prompt_tokens is not None and len(ids[i]) > self.max_prompt_tokens:
+                raise DataError(f"{source}: prompt is {len(ids[i])} tokens, longer than the "
+                                f"{self.max_prompt_tokens} allowed {TOO_LONG_HINT}")
+            out.append(Prompt(text=text, metadata=meta, source=source,
+                              token_ids=tuple(ids[i]) if ids is not None else None))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss_next = self.rng.getstate()
+        return {"kind": "environment", "count": self.count,
+                "rng_state": {"version": version, "internal": list(internal), "gauss_next": gauss_next}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_state(state, "environment", {})
+        rng = state["rng_state"]
+        self.rng.setstate((rng["version"], tuple(rng["internal"]), rng["gauss_next"]))
+        self.count = int(state["count"])
+
+
+def _check_state(state: dict[str, Any], kind: str, expected: dict[str, Any]) -> None:
+    """Exact resume needs the same data, seed and order: refuse a state that cannot give it."""
+    if state.get("kind") != kind:
+        raise DataError(f"dataloader state: saved from a {state.get('kind')!r} prompt source, but this run reads "
+                        f"a {kind!r} one (data.train_path / data.use_multiple_dataloader changed?)")
+    changed = [f"{k}: saved {state.get(k)!r}, now {v!r}" for k, v in expected.items() if state.get(k) != v]
+    if changed:
+        raise DataError("dataloader state does not match this run's data, so the resumed run would not see the "
+                        "prompts the saved one would have (" + "; ".join(changed) + ")")
+
+
+# --- what the loop calls --------------------------------------------------------------------------
+
+
+def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
+                       max_prompt_tokens: int | None = None) -> DatasetPrompts | MixturePrompts | EnvironmentPrompts:
+    """The training prompts of a run. Without a tokenizer prompts carry no token ids and are not
+    length-checked here (the rollout does both)."""
+    data, seed = cfg.data, cfg.grpo.seed
+    builder = make_builder(data, tokenizer)
+    options = {"builder": builder, "max_prompt_tokens": max_prompt_tokens, "filter_long": data.filter_long_prompts,
+               "num_workers": data.num_workers}
+    if data.use_multiple_dataloader:
+        parts = []
+        for i, ds in enumerate(data.datasets):
+            prompts, dropped = load_prompts(ds.path, prompt_key=ds.prompt_key or data.prompt_key, **options,
+                                            key=f"data.datasets[{i}].path", label=f" (data.datasets[{i}])")
+            parts.append(DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, salt=f"train{i}",
+                                        num_filtered=dropped))
+        return MixturePrompts(parts, [ds.weight for ds in data.datasets])
+    if data.train_path:
+        prompts, dropped = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
+        return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, num_filtered=dropped)
     if hasattr(environment, "sample_prompts"):
-        return EnvironmentPrompts(environment, cfg.env.name, seed=cfg.grpo.seed)
+        return EnvironmentPrompts(environment, cfg.env.name, seed=seed, builder=builder,
+                                  max_prompt_tokens=max_prompt_tokens)
     raise ConfigError([("data.train_path", f"required: environment {cfg.env.name!r} does not generate prompts")])
+
+
+def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
+                            max_prompt_tokens: int | None = None) -> list[Prompt] | None:
+    """At most ``grpo.max_val_samples`` validation prompts, the same in every run and resume.
+
+    From ``data.validation_path`` (its first rows, in file order), else from the environment with
+    an rng seeded by ``grpo.seed`` and a constant (never the training stream's), else None.
+    """
+    data, limit = cfg.data, cfg.grpo.max_val_samples
+    builder = make_builder(data, tokenizer)
+    if data.validation_path:
+        prompts, _ = load_prompts(data.validation_path, prompt_key=data.prompt_key, builder=builder,
+                                  max_prompt_tokens=max_prompt_tokens, filter_long=data.filter_long_prompts,
+                                  num_workers=data.num_workers, key="data.validation_path")
+        return prompts[:limit]
+    if hasattr(environment, "sample_prompts"):
+        stream = EnvironmentPrompts(environment, f"{cfg.env.name} validation", seed=f"{cfg.grpo.seed}:validation",
+                                    builder=builder, max_prompt_tokens=max_prompt_tokens)
+        return stream.next_prompts(limit)
+    return None

@@ -37,27 +37,14 @@ from grpo_sdk.algorithms.rewards import (
 from grpo_sdk.core.config import MasterConfig, plugin_config
 from grpo_sdk.core.config_loader import to_yaml
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.data import make_prompt_source
+from grpo_sdk.core.checkpoint import CheckpointManager
+from grpo_sdk.core.data import make_prompt_source, make_validation_prompts
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import SamplingParams
-from grpo_sdk.core.rollout import RolloutBatch, collect_rollouts, example_of, rollout_metrics
+from grpo_sdk.core.rollout import RolloutBatch, collect_rollouts, rollout_metrics
+from grpo_sdk.core.run import RunSummary, dump_batch, restore_checkpoint, run_training
 from grpo_sdk.recipes.tiny_model import resolve_model_path
-
-
-@attrs.frozen(kw_only=True)
-class RunSummary:
-    steps: int
-    seconds: float
-    reward_first: float  # mean reward of the first step: the starting level
-    reward_last: float  # mean reward over the last min(10, steps) steps
-    run_dir: Path
-    checkpoint: Path | None
-    example: dict[str, Any] | None  # one sample of the last step
-
-    def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "run_dir": str(self.run_dir),
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
 
 
 def pick_device(requested: str) -> str:
@@ -71,11 +58,22 @@ def pick_device(requested: str) -> str:
 class GRPOTrainer:
     """Builds the components of a run and trains; ``run`` for observer hooks is this object."""
 
-    def __init__(self, config: MasterConfig, *, run_dir: str | Path, registry: Any):
+    def __init__(self, config: MasterConfig, *, run_dir: str | Path, registry: Any, resume: bool = False):
         self.config = config
         self.run_dir = Path(run_dir)
         self.registry = registry
+        self.resume = resume  # continue from the latest checkpoint in run_dir, if there is one
         self.step = 0
+        self.next_group_id = 0
+        self.reward_first: float | None = None
+        self.reward_tail: list[float] = []  # the last 10 steps' mean rewards, for the summary
+        self.last_validation: dict[str, float] = {}
+        self.checkpoints = CheckpointManager(config.checkpointing, self.run_dir)
+
+    def record_reward(self, reward: float) -> None:
+        if self.reward_first is None:
+            self.reward_first = reward
+        self.reward_tail = (self.reward_tail + [reward])[-10:]
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -89,8 +87,11 @@ class GRPOTrainer:
         (self.run_dir / "config.resolved.yaml").write_text(to_yaml(cfg))
         (self.run_dir / "plugins.json").write_text(json.dumps(self._plugin_versions(), indent=2) + "\n")
 
+        self.checkpoints.remove_partial()
+        latest = self.checkpoints.latest() if self.resume else None
         model_path = resolve_model_path(cfg.policy.model_name, self.run_dir, cfg.grpo.seed)
         self.context = RunContext(
+            resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
             config=cfg, run_dir=self.run_dir, model_path=model_path,
             tokenizer_path=cfg.policy.tokenizer.name or model_path, device=pick_device(cfg.cluster.device),
             seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
@@ -101,7 +102,6 @@ class GRPOTrainer:
         self.environment = self._build("environment", cfg.env)
         self.estimator = self._build("estimator", cfg.grpo.adv_estimator)
         self.weight_sync = self._build("weight_sync", cfg.weight_sync)
-        self.loggers = [self._build("logger", cfg.logger, name) for name in cfg.logger.loggers]
         in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None
         self.loss_fn = ClippedPGLoss(cfg.loss_fn, seq_logprob_error_threshold=in_loss_threshold)
 
@@ -115,15 +115,19 @@ class GRPOTrainer:
             or (cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0)
             or (cfg.grpo.seq_logprob_error_threshold is not None and not cfg.loss_fn.seq_logprob_error_in_loss))
         self.teacher = self._build_teacher() if "teacher_logprobs" in needs else None
-        self.next_group_id = 0
 
         self.tokenizer = load_tokenizer(self.context.tokenizer_path)
-        self.prompts = make_prompt_source(cfg, self.environment)
         gen = cfg.policy.generation
         self.sampling = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
                                        top_p=gen.top_p, top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids))
         self.max_prompt_tokens = cfg.data.max_input_seq_length or (
             cfg.policy.max_total_sequence_length - gen.max_new_tokens)
+        self.prompts = make_prompt_source(cfg, self.environment, self.tokenizer, self.max_prompt_tokens)
+        self.val_prompts = make_validation_prompts(cfg, self.environment, self.tokenizer, self.max_prompt_tokens)
+        if latest is not None:
+            restore_checkpoint(self, latest)
+        # Loggers last: one that opens a remote run (W&B, MLflow) must not be left open by a failed setup.
+        self.loggers = [self._build("logger", cfg.logger, name) for name in cfg.logger.loggers]
 
     def _build_teacher(self) -> Any:
         """The on-policy-distillation teacher: any policy backend, loaded from a model or checkpoint dir."""
@@ -235,6 +239,8 @@ class GRPOTrainer:
         tick = time.perf_counter()
         metrics.update(self.policy.train(batch, self.loss_fn))
         timings["train"] = time.perf_counter() - tick
+        if cfg.logger.dump_train_data:
+            dump_batch(self.run_dir / "train_data" / f"step_{self.step + 1}.jsonl", rollouts, batch)
 
         tick = time.perf_counter()
         self.weight_sync.sync_weights(self.policy, self.generation, version=self.step + 1)
@@ -248,59 +254,13 @@ class GRPOTrainer:
     # --- the run --------------------------------------------------------------------------------
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
-        cfg = self.config
-        hooks = self.registry.host
-        start = time.perf_counter()
-        rewards: list[float] = []
-        rollouts: RolloutBatch | None = None
-        hooks.run_start(run=self)
-        status, error = "failed", None
-        try:
-            while self.step < cfg.grpo.max_num_steps and self.prompts.epoch < cfg.grpo.max_num_epochs:
-                try:
-                    metrics, rollouts = self.train_step()
-                except NonFiniteError as exc:
-                    raise NonFiniteError(f"step {self.step + 1}: {exc}") from exc
-                self.step += 1
-                rewards.append(metrics["reward/mean"])
-                for logger in self.loggers:
-                    logger.log_metrics(self.step, metrics)
-                hooks.step_end(run=self, step=self.step, metrics=metrics)
-                if on_step is not None:
-                    on_step(self.step, metrics)
-            checkpoint = self.save_final_checkpoint() if cfg.checkpointing.enabled else None
-            status = "completed"
-        except KeyboardInterrupt as exc:
-            status, error = "interrupted", exc
-            raise
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            for logger in self.loggers:
-                logger.close()
-            hooks.run_end(run=self, status=status, error=error)
-        tail = rewards[-10:]
-        summary = RunSummary(steps=self.step, seconds=time.perf_counter() - start,
-                             reward_first=rewards[0] if rewards else float("nan"),
-                             reward_last=sum(tail) / len(tail) if tail else float("nan"),
-                             run_dir=self.run_dir, checkpoint=checkpoint, example=example_of(rollouts))
-        (self.run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-        return summary
-
-    def save_final_checkpoint(self) -> Path:
-        base = Path(self.config.checkpointing.checkpoint_dir or self.run_dir / "checkpoints")
-        final = base / f"step_{self.step}"
-        partial = base / f".step_{self.step}.partial"  # renamed only once complete
-        partial.mkdir(parents=True, exist_ok=True)
-        self.policy.save_checkpoint(str(partial))
-        self.tokenizer.save_pretrained(str(partial))
-        partial.rename(final)
-        self.registry.host.checkpoint_saved(run=self, step=self.step, path=str(final))
-        return final
+        """Train to the end (steps, epochs, early stop or deadline); see ``grpo_sdk.core.run``."""
+        return run_training(self, on_step)
 
     def shutdown(self) -> None:
-        for component in ("generation", "policy"):
+        for component in ("generation", "policy", "teacher"):
             obj = getattr(self, component, None)
             if obj is not None:
                 obj.shutdown()
+        if hasattr(getattr(self, "environment", None), "shutdown"):  # e.g. the math verifier's worker pool
+            self.environment.shutdown()

@@ -61,6 +61,9 @@ class Generation(Protocol):
 
     def shutdown(self) -> None: ...
 
+    # Optional: ``save_checkpoint(path)`` / ``load_checkpoint(path)`` for state beyond the weights
+    # (the sampling RNG), so that a resumed run samples exactly what the original would have.
+
 
 @runtime_checkable
 class Policy(Protocol):

@@ -33,6 +33,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int | None = None  # None or 0: no top-k filter
     stop_token_ids: tuple[int, ...] = ()  # stop on these as well as on the tokenizer's EOS
+    seed: int | None = None  # sample from this seed, leaving the backend's own RNG untouched (validation)
 
 
 @attrs.frozen(kw_only=True)

@@ -20,7 +20,10 @@ from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, S
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
-    ids = tokenizer([p.text for p in prompts], add_special_tokens=True)["input_ids"]
+    """Token ids of each prompt: as tokenized when the dataset was loaded, else tokenized now."""
+    fresh = [p.text for p in prompts if getattr(p, "token_ids", None) is None]
+    encoded = iter(tokenizer(fresh, add_special_tokens=True)["input_ids"] if fresh else [])
+    ids = [list(p.token_ids) if getattr(p, "token_ids", None) is not None else next(encoded) for p in prompts]
     for prompt, row in zip(prompts, ids):
         if len(row) > max_prompt_tokens:
             raise DataError(f"{prompt.source}: prompt is {len(row)} tokens, longer than the {max_prompt_tokens} "
@@ -189,10 +192,11 @@ class RolloutBatch:
 
 
 def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: Any,
-                     sampling: SamplingParams, max_prompt_tokens: int, group_offset: int
-                     ) -> tuple[RolloutBatch, dict[str, float]]:
-    """Generate ``num_generations_per_prompt`` responses per prompt and score them."""
-    G = cfg.grpo.num_generations_per_prompt
+                     sampling: SamplingParams, max_prompt_tokens: int, group_offset: int,
+                     num_generations: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
+    """Generate ``num_generations`` (default ``grpo.num_generations_per_prompt``) responses per
+    prompt and score them."""
+    G = num_generations or cfg.grpo.num_generations_per_prompt
     prompt_ids = tokenize_prompts(tokenizer, prompts, max_prompt_tokens)
     rows = [ids for ids in prompt_ids for _ in range(G)]
     row_prompts = [p for p in prompts for _ in range(G)]

@@ -9,9 +9,11 @@ which dominates the cost on small models.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from grpo_sdk.algorithms.sampling import process_logits
 from grpo_sdk.backends.hf.config import HFGenerationConfig
@@ -66,12 +68,15 @@ class HFGeneration:
         lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
 
+        generator = self.generator
+        if sampling.seed is not None:  # e.g. validation: reproducible, and training's RNG stream is unaffected
+            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         start = self._start_compiled if self.compiled_forward is not None else self._start_eager
         last_logits, decode = start(input_ids, attention_mask, new_tokens)
         for t in range(new_tokens):
             logits = process_logits(last_logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
             step_logprobs = torch.log_softmax(logits, dim=-1)
-            token = sample_categorical(step_logprobs.exp(), self.generator)
+            token = sample_categorical(step_logprobs.exp(), generator)
             token_logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
             alive = ~finished
             tokens[:, t] = torch.where(alive, token, self.pad_token_id)
@@ -144,6 +149,14 @@ class HFGeneration:
                 raise KeyError(f"hf generation has no weight named {name!r}")
             target.copy_(tensor)
         self.weight_version = version
+
+    def save_checkpoint(self, path: str) -> None:
+        """The sampling RNG: with it, a resumed run samples exactly what the original would have."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        save_file({"generator": self.generator.get_state()}, str(Path(path) / "rng.safetensors"))
+
+    def load_checkpoint(self, path: str) -> None:
+        self.generator.set_state(load_file(str(Path(path) / "rng.safetensors"))["generator"])
 
     def prepare_for_generation(self) -> None:
         pass  # one private model on one device: nothing to wake up

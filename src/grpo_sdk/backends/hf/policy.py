@@ -10,11 +10,13 @@ on the micro-batch size.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
@@ -67,6 +69,7 @@ class HFPolicy:
             s, warmup_steps=sched.warmup_steps, total_steps=cfg.grpo.max_num_steps * steps_per_grpo_step,
             schedule=sched.name, min_lr_ratio=sched.min_lr_ratio))
         self.optimizer_steps = 0
+        self.save_optimizer = cfg.checkpointing.save_optimizer
 
     # --- logprobs -------------------------------------------------------------------------------
 
@@ -145,16 +148,29 @@ class HFPolicy:
         yield from self.model.state_dict().items()
 
     def save_checkpoint(self, path: str) -> None:
-        self.model.save_pretrained(Path(path), safe_serialization=True)
+        """A Hugging Face model directory, plus the optimizer and LR-schedule state next to it."""
+        directory = Path(path)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        if self.save_optimizer:
+            tensors, meta = _flatten_optimizer_state(self.optimizer.state_dict())
+            save_file(tensors, str(directory / "optimizer.safetensors"))
+            meta["scheduler"] = self.scheduler.state_dict()
+            meta["optimizer_steps"] = self.optimizer_steps
+            (directory / "optimizer.json").write_text(json.dumps(meta))
 
     def load_checkpoint(self, path: str) -> None:
-        from safetensors.torch import load_file
-
-        state = load_file(str(Path(path) / "model.safetensors"), device=str(self.device))
+        directory = Path(path)
+        state = load_file(str(directory / "model.safetensors"), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         if unexpected or set(missing) - tied:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+        if (directory / "optimizer.json").is_file():
+            meta = json.loads((directory / "optimizer.json").read_text())
+            tensors = load_file(str(directory / "optimizer.safetensors"), device=str(self.device))
+            self.optimizer.load_state_dict(_unflatten_optimizer_state(tensors, meta))
+            self.scheduler.load_state_dict(meta["scheduler"])
+            self.optimizer_steps = meta["optimizer_steps"]
 
     def offload(self) -> None:
         self.model.to("cpu")
@@ -166,3 +182,26 @@ class HFPolicy:
         self.model = self.reference = None
         self.optimizer = None
 
+
+
+def _flatten_optimizer_state(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Optimizer state as safetensors tensors plus JSON (no pickle): ``state.<param>.<name>``."""
+    tensors, scalars = {}, {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{index}.{name}"] = value.contiguous()
+            else:
+                scalars[f"{index}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value
+    for key, value in meta["scalars"].items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
