@@ -70,13 +70,13 @@ def schema(section: Optional[str] = typer.Argument(None, help="Only keys under t
     guarded(body)
 
 
-def _type_name(type_: Any) -> str:
+def type_name(type_: Any) -> str:
     if isinstance(type_, type):
         return type_.__name__
     return str(type_).replace("typing.", "")
 
 
-def _default_text(field: attrs.Attribute) -> str:
+def default_text(field: attrs.Attribute) -> str:
     default = field.default
     if default is attrs.NOTHING:
         return "(required)"
@@ -100,10 +100,10 @@ def schema_rows(cls: type, prefix: str, registry: Any) -> list[tuple[str, str, s
             rows.append((path, "section", "", field.metadata.get("help", "")))
             rows.extend(schema_rows(field.type, path + ".", registry))
         elif item_type is not None and attrs.has(item_type):
-            rows.append((path, f"list of {item_type.__name__}", _default_text(field), field.metadata.get("help", "")))
+            rows.append((path, f"list of {item_type.__name__}", default_text(field), field.metadata.get("help", "")))
             rows.extend(schema_rows(item_type, path + "[].", registry))
         else:
-            rows.append((path, _type_name(field.type), _default_text(field), field.metadata.get("help", "")))
+            rows.append((path, type_name(field.type), default_text(field), field.metadata.get("help", "")))
     slot = getattr(cls, "__plugin__", None)
     if slot is not None:
         for info in registry.list(slot.kind):

@@ -9,6 +9,7 @@ import attrs
 import typer
 
 from grpo_sdk.cli.common import EPILOG, fail, get_registry, guarded
+from grpo_sdk.cli.config_cmd import default_text, type_name
 from grpo_sdk.core.errors import ExitCode
 from grpo_sdk.plugins.specs import KINDS
 
@@ -60,7 +61,8 @@ def show(name: str = typer.Argument(..., help="Component name, e.g. hf."),
                 config_cls = registry.load_config_class(info.kind, info.name)
                 attrs.resolve_types(config_cls)
                 record["config_fields"] = [
-                    {"name": f.name, "type": str(f.type), "default": repr(f.default), "help": f.metadata.get("help", "")}
+                    {"name": f.name, "type": type_name(f.type), "default": default_text(f),
+                     "help": f.metadata.get("help", "")}
                     for f in attrs.fields(config_cls)]
             out.append(record)
         if as_json:
