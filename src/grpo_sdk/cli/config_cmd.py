@@ -59,10 +59,10 @@ def schema(section: Optional[str] = typer.Argument(None, help="Only keys under t
     """Print every config key with its type, default and documentation, plugin blocks included."""
     def body() -> None:
         lines = []
-        for path, type_name, default, help_text in schema_rows(C.MasterConfig, "", get_registry()):
+        for path, kind, default, help_text in schema_rows(C.MasterConfig, "", get_registry()):
             if section and not (path == section or path.startswith((section + ".", section + "[]"))):
                 continue
-            lines.append(f"{path}: {type_name} = {default}\n    {help_text}")
+            lines.append(f"{path}: {kind} = {default}\n    {help_text}")
         if not lines:
             raise typer.BadParameter(f"no config key under {section!r}")
         print("\n".join(lines))
