@@ -213,6 +213,12 @@ class SchedulerConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ColocatedConfig:
+    enabled: bool = option(True, "Generation and policy share devices: the policy is offloaded while generating. "
+                           "False gives generation its own devices (cluster.generation_workers of them).")
+
+
+@attrs.frozen(kw_only=True)
 class GenerationConfig:
     __plugin__ = PluginSlot(kind="generation", selector="backend")
 
@@ -223,6 +229,8 @@ class GenerationConfig:
     top_p: float = option(1.0, "Nucleus sampling mass; 1.0 disables.", validator=[v.gt(0), v.le(1)])
     top_k: int | None = option(None, "Top-k sampling; null or 0 disables.")
     stop_token_ids: list[int] = option(factory=list, help="Token ids that end a response besides the tokenizer's EOS.")
+    colocated: ColocatedConfig = option(factory=lambda: ColocatedConfig(), help="Whether generation shares the "
+                                        "policy's devices.")
     blocks: dict[str, Any] = _internal()
     configs: dict[str, Any] = _internal()
 
@@ -344,10 +352,25 @@ class CheckpointingConfig:
 
 @attrs.frozen(kw_only=True)
 class ClusterConfig:
-    runtime: Literal["local"] = option("local", "Where components run: `local` is in-process.")
+    runtime: Literal["local", "ray"] = option("local", "Where components run: `local` is one process; `ray` runs "
+                                             "the policy, generation and environments as Ray actors.")
+    address: str | None = option(None, "Ray: the cluster to join ('auto', or 'host:port'); null starts a local one.")
+    num_nodes: int = option(1, "Ray: nodes the run may use.", validator=positive)
+    gpus_per_node: int = option(0, "Ray: GPUs per node the run may use; 0 runs on CPUs.", validator=non_negative)
+    cpus_per_worker: float = option(1.0, "Ray: CPUs reserved by each worker actor.", validator=positive)
+    policy_workers: int = option(1, "Ray: ranks of the policy worker group (torch.distributed; FSDP2 shards "
+                                 "parameters, gradients and optimizer state over them).", validator=positive)
+    generation_workers: int = option(1, "Ray: generation replicas; each samples a share of every batch.",
+                                     validator=positive)
+    env_workers: int = option(1, "Ray: environment actors; each scores a share of every batch.", validator=positive)
+    env_max_concurrency: int = option(4, "Ray: environment calls in flight per environment actor.", validator=positive)
+    call_timeout_s: float = option(1800.0, "Ray: deadline of every remote call; a worker that does not answer in "
+                                   "time stops the run with an error naming it (no silent hangs).", validator=positive)
+    startup_timeout_s: float = option(600.0, "Ray: deadline for workers to start and load their models.",
+                                      validator=positive)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "Torch device; auto picks cuda when available.")
-    num_threads: int | None = option(1, "torch.set_num_threads for the run; null keeps torch's default. "
-                                     "One thread is fastest for small models on shared CPUs.")
+    num_threads: int | None = option(1, "torch.set_num_threads for the run (and in every worker); null keeps "
+                                     "torch's default. One thread is fastest for small models on shared CPUs.")
 
 
 @attrs.frozen(kw_only=True)

@@ -27,3 +27,5 @@ class RunContext:
     needs_reference: bool  # the loss has a KL penalty, so the policy keeps a frozen reference copy
     registry: Any = None
     resume_step: int | None = None  # resuming: the checkpoint's step (0: none yet); loggers drop later steps
+    rank: int = 0  # this worker's rank in its worker group (policy ranks share a torch.distributed group)
+    world_size: int = 1  # ranks in the worker group; > 1: the runtime has initialised torch.distributed

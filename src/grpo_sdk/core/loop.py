@@ -45,6 +45,7 @@ from grpo_sdk.core.records import SamplingParams
 from grpo_sdk.core.rollout import RolloutBatch, collect_rollouts, rollout_metrics
 from grpo_sdk.core.run import RunSummary, dump_batch, restore_checkpoint, run_training
 from grpo_sdk.recipes.tiny_model import resolve_model_path
+from grpo_sdk.runtime import make_runtime
 
 
 def pick_device(requested: str) -> str:
@@ -97,6 +98,7 @@ class GRPOTrainer:
             seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
             registry=self.registry,
         )
+        self.runtime = make_runtime(cfg, self.registry)
         self.policy = self._build("policy", cfg.policy)
         self.generation = self._build("generation", cfg.policy.generation)
         self.environment = self._build("environment", cfg.env)
@@ -135,12 +137,11 @@ class GRPOTrainer:
         precision = opd.teacher_precision or self.config.policy.precision
         config = attrs.evolve(self.config, policy=attrs.evolve(self.config.policy, precision=precision))
         context = attrs.evolve(self.context, config=config, model_path=opd.teacher_model, needs_reference=False)
-        return self.registry.load_impl("policy", opd.teacher_backend)(None, context)
+        return self.runtime.build("policy", opd.teacher_backend, None, context)
 
     def _build(self, kind: str, section: Any, name: str | None = None) -> Any:
         name = name or getattr(section, type(section).__plugin__.selector)
-        impl = self.registry.load_impl(kind, name)
-        return impl(plugin_config(section, name), self.context)
+        return self.runtime.build(kind, name, plugin_config(section, name), self.context)
 
     def _plugin_versions(self) -> dict[str, Any]:
         from grpo_sdk import __version__
@@ -264,3 +265,5 @@ class GRPOTrainer:
                 obj.shutdown()
         if hasattr(getattr(self, "environment", None), "shutdown"):  # e.g. the math verifier's worker pool
             self.environment.shutdown()
+        if getattr(self, "runtime", None) is not None:
+            self.runtime.shutdown()

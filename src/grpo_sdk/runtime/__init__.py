@@ -1,0 +1,38 @@
+"""Runtimes: where the components of a run live.
+
+The training loop asks its runtime to build every component and then talks to what it gets back
+through the protocols only, so the same loop drives components in this process (``local``, the
+default) or on a Ray cluster (``ray``: worker groups, replicas and actor pools that implement the
+same protocols).
+
+A runtime has two methods::
+
+    runtime.build(kind, name, config, context) -> component   # implements the kind's protocol
+    runtime.shutdown()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LocalRuntime:
+    """Every component in this process, constructed as ``Impl(config, context)``."""
+
+    def __init__(self, registry: Any):
+        self.registry = registry
+
+    def build(self, kind: str, name: str, config: Any, context: Any) -> Any:
+        return self.registry.load_impl(kind, name)(config, context)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def make_runtime(config: Any, registry: Any) -> Any:
+    """The runtime ``cluster.runtime`` selects; ``ray`` is imported only when selected."""
+    if config.cluster.runtime == "ray":
+        from grpo_sdk.runtime.ray_runtime import RayRuntime
+
+        return RayRuntime(config, registry)
+    return LocalRuntime(registry)
