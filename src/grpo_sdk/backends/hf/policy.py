@@ -5,6 +5,11 @@ One GRPO step's rows are split into global batches of ``policy.train_global_batc
 ``policy.train_micro_batch_size`` rows whose gradients accumulate. The loss function divides by
 token and sequence counts of the whole global batch, so the accumulated gradient does not depend
 on the micro-batch size.
+
+With ``context.world_size > 1`` the policy is one rank of a data-parallel group: the model is
+sharded with FSDP2 and each rank trains on its share of every global batch
+(``grpo_sdk.backends.hf.distributed`` has the contract with the runtime). Results are the
+single-process results, on every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
+from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
 from grpo_sdk.core.context import RunContext
@@ -45,13 +51,28 @@ class HFPolicy:
         cfg = context.config
         self.policy_cfg = cfg.policy
         self.device = torch.device(context.device)
-        self.model = load_model(context.model_path, dtype=cfg.policy.precision, device=context.device,
+        self.rank, self.dp = context.rank, context.world_size > 1
+        if self.dp:
+            distributed.check_process_group(context.rank, context.world_size)
+        # Data-parallel ranks load on the CPU: fully_shard moves each block to the device as it
+        # shards it, so no rank holds the whole model on the accelerator.
+        self.model = load_model(context.model_path, dtype=cfg.policy.precision,
+                                device="cpu" if self.dp else context.device,
                                 attn_implementation=config.attn_implementation)
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.reference = None
         if context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
+        if self.dp:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(self.device.type, (context.world_size,))
+            distributed.shard(self.model, mesh)
+            if self.reference is not None:
+                # Sharded too, though frozen: a replica would cost every rank the whole model's
+                # memory again; its forward passes gather one block at a time like the policy's.
+                distributed.shard(self.reference, mesh)
         gen = cfg.policy.generation
         self.sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
         # With top-k/top-p the KL term uses the unfiltered distribution (a filtered token is -inf).
@@ -75,11 +96,14 @@ class HFPolicy:
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
+        if self.dp:  # this rank's equal share, so every rank runs the same number of chunks
+            batch = batch.rows(*distributed.row_share(batch.batch_size, "policy logprobs"))
         size = self.policy_cfg.logprob_batch_size
         chunks = [sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
                                     batch.attention_mask[i:i + size].to(self.device), **self.sampling)
                   for i in range(0, batch.batch_size, size)]
-        return torch.cat(chunks).cpu()
+        logprobs = torch.cat(chunks)
+        return (distributed.all_gather_rows(logprobs) if self.dp else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -95,13 +119,24 @@ class HFPolicy:
         rows = batch.batch_size
         global_rows = self.policy_cfg.train_global_batch_size or rows
         micro_rows = self.policy_cfg.train_micro_batch_size
+        if self.dp:  # every global batch is checked before the first collective: all ranks fail alike
+            distributed.row_share(rows, "policy.train")
+            for start in range(0, rows, global_rows):
+                stop = min(rows, start + global_rows)
+                distributed.row_share(stop - start, f"policy.train: the global batch of rows {start}..{stop - 1}")
         step_metrics = []
         for start in range(0, rows, global_rows):
             global_batch = batch.rows(start, start + global_rows)
+            # Counts of the WHOLE global batch, also on a data-parallel rank: each rank's loss is
+            # then a share of the global loss, and the ranks' gradients sum to the full gradient.
             token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
             valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
+            first = 0
+            if self.dp:
+                first, stop = distributed.row_share(global_batch.batch_size, "policy.train")
+                global_batch = global_batch.rows(first, stop)
             self.optimizer.zero_grad(set_to_none=True)
-            micro_metrics = []
+            micro_metrics, failure = [], None
             for micro_start in range(0, global_batch.batch_size, micro_rows):
                 micro = global_batch.rows(micro_start, micro_start + micro_rows)
                 micro = micro.to(self.device)
@@ -112,16 +147,25 @@ class HFPolicy:
                     logprobs, extra["unfiltered_logprobs"] = logprobs
                 loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
                                         **extra)
-                if not torch.isfinite(loss):
-                    raise NonFiniteError(f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
-                                         f"rows {start + micro_start}..{start + micro_start + micro.batch_size - 1}")
+                if failure is None and not torch.isfinite(loss):
+                    rows_seen = start + first + micro_start
+                    failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
+                               f"rows {rows_seen}..{rows_seen + micro.batch_size - 1}")
+                # Backward even after a failure: the other ranks' collectives wait for this rank's.
                 loss.backward()
                 micro_metrics.append(metrics)
+            metrics = sum_micro_batches(micro_metrics)
+            failed = failure is not None
+            if self.dp:  # the whole global batch's metrics, identical on every rank
+                metrics, failed = distributed.all_reduce_metrics(metrics, failed, self.device)
+            if failed:
+                raise NonFiniteError(failure or f"loss is not finite on another data-parallel rank in optimizer "
+                                                f"step {self.optimizer_steps + 1}")
             if getattr(loss_fn, "requires_survivor_normalization", False):
                 # The in-loss logprob-error filter divided by the original counts; only now, after
-                # every micro-batch, are the surviving counts known.
-                factor, micro_metrics = loss_fn.survivor_normalization(
-                    micro_metrics, global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
+                # every micro-batch (of every rank), are the surviving counts known.
+                factor, (metrics,) = loss_fn.survivor_normalization(
+                    [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
                 for param in self.params:
                     if param.grad is not None:
                         param.grad.mul_(factor)
@@ -129,15 +173,17 @@ class HFPolicy:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer_steps += 1
-            step_metrics.append({**sum_micro_batches(micro_metrics), "grad_norm": grad_norm})
+            step_metrics.append({**metrics, "grad_norm": grad_norm})
         return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
+        # Under FSDP2 the norm is a DTensor of the global norm, and clipping scales every shard by it.
+        norm = distributed.full(torch.nn.utils.clip_grad_norm_(
+            self.params, max_norm if max_norm is not None else float("inf")))
         if not torch.isfinite(norm):
             bad = next((name for name, p in self.model.named_parameters()
-                        if p.grad is not None and not torch.isfinite(p.grad).all()), "?")
+                        if p.grad is not None and not torch.isfinite(distributed.local(p.grad)).all()), "?")
             raise NonFiniteError(f"gradient norm is {norm.item()} in optimizer step {self.optimizer_steps + 1} "
                                  f"(first non-finite gradient: {bad})")
         return float(norm)
@@ -145,32 +191,113 @@ class HFPolicy:
     # --- weights and state ----------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
+        if self.dp:  # whole tensors, gathered one by one: every rank must drain this iterator
+            yield from distributed.full_weights(self.model)
+        else:
+            yield from self.model.state_dict().items()
 
     def save_checkpoint(self, path: str) -> None:
-        """A Hugging Face model directory, plus the optimizer and LR-schedule state next to it."""
-        directory = Path(path)
-        self.model.save_pretrained(directory, safe_serialization=True)
-        if self.save_optimizer:
-            tensors, meta = _flatten_optimizer_state(self.optimizer.state_dict())
+        """A Hugging Face model directory, plus the optimizer and LR-schedule state next to it.
+
+        Data-parallel: every rank calls it; rank 0 writes the same files as one process would
+        (whole tensors), the others write nothing; every rank returns once the files are written.
+        """
+        if not self.dp:
+            self._write_checkpoint(Path(path), None, self.optimizer.state_dict() if self.save_optimizer else None)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only
+        model_state = get_model_state_dict(self.model, options=options)
+        optim_state = (get_optimizer_state_dict(self.model, self.optimizer, options=options)
+                       if self.save_optimizer else None)
+        error = None
+        if self.rank == 0:
+            try:
+                tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
+                for names in distributed.parameter_aliases(self.model):
+                    # A tied weight is stored once, under the name save_pretrained keeps.
+                    keep = next((name for name in names if name not in tied), names[0])
+                    for alias in names:
+                        if alias != keep:
+                            model_state.pop(alias, None)
+                if optim_state is not None:
+                    optim_state = distributed.optimizer_state_by_index(optim_state, self._parameter_index())
+                self._write_checkpoint(Path(path), model_state, optim_state)
+            except Exception as exc:  # shared below, so that no rank waits for a rank that failed
+                error = exc
+        if distributed.any_rank(error is not None, self.device):
+            raise error or RuntimeError(f"rank 0 of the policy group could not write the checkpoint {path}")
+
+    def _write_checkpoint(self, directory: Path, model_state: dict | None, optim_state: dict | None) -> None:
+        self.model.save_pretrained(directory, state_dict=model_state, safe_serialization=True)
+        if optim_state is not None:
+            tensors, meta = _flatten_optimizer_state(optim_state)
             save_file(tensors, str(directory / "optimizer.safetensors"))
             meta["scheduler"] = self.scheduler.state_dict()
             meta["optimizer_steps"] = self.optimizer_steps
             (directory / "optimizer.json").write_text(json.dumps(meta))
 
     def load_checkpoint(self, path: str) -> None:
+        """Data-parallel: every rank calls it; rank 0 reads the files and sends each rank its shards."""
+        if self.dp:
+            self._load_sharded_checkpoint(path)
+            return
         directory = Path(path)
         state = load_file(str(directory / "model.safetensors"), device=str(self.device))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+        _check_model_keys(path, self.model, missing, unexpected)
         if (directory / "optimizer.json").is_file():
             meta = json.loads((directory / "optimizer.json").read_text())
             tensors = load_file(str(directory / "optimizer.safetensors"), device=str(self.device))
             self.optimizer.load_state_dict(_unflatten_optimizer_state(tensors, meta))
             self.scheduler.load_state_dict(meta["scheduler"])
             self.optimizer_steps = meta["optimizer_steps"]
+
+    def _load_sharded_checkpoint(self, path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        directory = Path(path)
+        model_state, optim_state, header, error = {}, {}, {}, None
+        if self.rank == 0:
+            try:
+                model_state = load_file(str(directory / "model.safetensors"))
+                for names in distributed.parameter_aliases(self.model):  # a tied weight is stored once
+                    present = next((name for name in names if name in model_state), None)
+                    if present is not None:
+                        model_state.update(dict.fromkeys(names, model_state[present]))
+                expected = set(self.model.state_dict())
+                _check_model_keys(path, self.model, expected - set(model_state), set(model_state) - expected)
+                if (directory / "optimizer.json").is_file():
+                    meta = json.loads((directory / "optimizer.json").read_text())
+                    optim_state = distributed.optimizer_state_by_name(_unflatten_optimizer_state(
+                        load_file(str(directory / "optimizer.safetensors")), meta), self._parameter_names())
+                    header = {"scheduler": meta["scheduler"], "optimizer_steps": meta["optimizer_steps"]}
+            except Exception as exc:  # shared below, so that no rank waits for a rank that failed
+                error, header = exc, {"error": f"{type(exc).__name__}: {exc}"}
+        header = distributed.broadcast_json(header, self.device)
+        if "error" in header:
+            raise error or RuntimeError(f"rank 0 of the policy group could not load {path}: {header['error']}")
+        # strict=False: rank 0 has checked the keys (tied names may be absent, as single-process).
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(self.model, model_state, options=options)
+        if "scheduler" in header:
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state, options=options)
+            self.scheduler.load_state_dict(header["scheduler"])
+            self.optimizer_steps = header["optimizer_steps"]
+
+    def _parameter_names(self) -> list[str]:
+        """The name of each optimized parameter, in optimizer order (a single process's names)."""
+        first = {id(p): name for name, p in self.model.named_parameters()}
+        return [first[id(p)] for p in self.params]
+
+    def _parameter_index(self) -> dict[str, int]:
+        """Optimizer position of every name of every optimized parameter, tied names included."""
+        position = {id(p): i for i, p in enumerate(self.params)}
+        return {name: position[id(p)] for name, p in self.model.named_parameters(remove_duplicate=False)
+                if id(p) in position}
 
     def offload(self) -> None:
         self.model.to("cpu")
@@ -182,6 +309,12 @@ class HFPolicy:
         self.model = self.reference = None
         self.optimizer = None
 
+
+def _check_model_keys(path: str, model, missing, unexpected) -> None:
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
+                           f"unexpected {sorted(unexpected)}")
 
 
 def _flatten_optimizer_state(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
