@@ -79,11 +79,11 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
           f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt} generations | "
           f"{total} steps | run dir {run_dir}", flush=True)
     trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry, resume=resume)
-    trainer.setup()
-    if trainer.step:
-        print(f"resumed from step {trainer.step} ({trainer.checkpoints.latest()})", flush=True)
-    reporter = BarReporter(total, trainer.step) if show_bar else LineReporter(total)
-    try:
+    try:  # a failed setup must free what it started too (Ray actors, placement groups)
+        trainer.setup()
+        if trainer.step:
+            print(f"resumed from step {trainer.step} ({trainer.checkpoints.latest()})", flush=True)
+        reporter = BarReporter(total, trainer.step) if show_bar else LineReporter(total)
         with reporter:
             summary = trainer.train(on_step=reporter.update)
     finally:

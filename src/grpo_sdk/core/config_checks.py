@@ -151,6 +151,60 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     return problems
 
 
+def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """cluster.*: the Ray runtime's worker counts against the batch and the devices; Ray-only keys
+    set for the local runtime. Reads installed metadata only: never imports ray."""
+    import importlib.metadata as md
+
+    c, problems = cfg.cluster, []
+    rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    if c.runtime != "ray":
+        for key in ("policy_workers", "generation_workers", "env_workers"):
+            if getattr(c, key) > 1:
+                problems.append((f"cluster.{key}", f"{getattr(c, key)} workers need cluster.runtime=ray (the local "
+                                 "runtime runs one of each in this process)"))
+        if c.address:
+            problems.append(("cluster.address", "is set, but cluster.runtime is local; set cluster.runtime=ray"))
+        if c.num_nodes > 1:
+            problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes need cluster.runtime=ray"))
+        return problems
+    try:
+        md.version("ray")
+    except md.PackageNotFoundError:
+        problems.append(("cluster.runtime", "ray is not installed: pip install 'grpo-sdk[ray]'"))
+    n, m = c.policy_workers, c.generation_workers
+    if rows % n:
+        problems.append(("cluster.policy_workers", f"{n} ranks must divide the rollout batch "
+                         f"(grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {rows}): each rank "
+                         "trains an equal share"))
+    global_rows = cfg.policy.train_global_batch_size
+    if global_rows is not None and global_rows > 0 and global_rows % n:
+        problems.append(("policy.train_global_batch_size", f"{global_rows} must be divisible by "
+                         f"cluster.policy_workers ({n}): each rank trains an equal share of every optimizer step"))
+    if m > rows:
+        problems.append(("cluster.generation_workers", f"{m} replicas for a rollout batch of {rows} rows would leave "
+                         "some idle; use at most as many replicas as rows"))
+    if c.num_nodes > 1 and not c.address:
+        problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes need an existing cluster (cluster.address); "
+                         "a local Ray cluster has one node"))
+    colocated = cfg.policy.generation.colocated.enabled
+    if c.gpus_per_node > 0:
+        gpus = c.num_nodes * c.gpus_per_node
+        needed = max(n, m) if colocated else n + m
+        if needed > gpus:
+            how = ("colocated: max(policy_workers, generation_workers)" if colocated
+                   else "non-colocated: policy_workers + generation_workers, one GPU each")
+            problems.append(("cluster.gpus_per_node", f"{gpus} GPUs (num_nodes x gpus_per_node) are too few: this run "
+                             f"needs {needed} ({how})"))
+        if c.device == "cpu":
+            problems.append(("cluster.device",
+                             "is cpu, but cluster.gpus_per_node > 0 reserves GPUs no worker would use"))
+    elif c.device == "cuda":
+        problems.append(("cluster.gpus_per_node", "is 0, but cluster.device=cuda: Ray workers get GPUs only "
+                         "through their bundles; set cluster.gpus_per_node"))
+    return problems
+
+
 def parse_duration(text: str) -> float:
     """Seconds in 'DD:HH:MM:SS' or 'HH:MM:SS'."""
     parts = text.split(":")
@@ -165,4 +219,5 @@ def parse_duration(text: str) -> float:
 
 def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
-    return check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry) + check_lifecycle(cfg, registry)
+    return (check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
+            + check_lifecycle(cfg, registry) + check_runtime(cfg, registry))

@@ -94,7 +94,9 @@ class GRPOTrainer:
         self.context = RunContext(
             resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
             config=cfg, run_dir=self.run_dir, model_path=model_path,
-            tokenizer_path=cfg.policy.tokenizer.name or model_path, device=pick_device(cfg.cluster.device),
+            tokenizer_path=cfg.policy.tokenizer.name or model_path,
+            # On Ray each worker picks its own device; the driver may have none.
+            device=pick_device(cfg.cluster.device) if cfg.cluster.runtime == "local" else cfg.cluster.device,
             seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
             registry=self.registry,
         )

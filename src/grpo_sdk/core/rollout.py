@@ -17,6 +17,7 @@ import torch
 from grpo_sdk.core.data import Prompt
 from grpo_sdk.core.errors import DataError, EnvironmentStepError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, SamplingParams, TrainBatch
+from grpo_sdk.runtime.deadlines import WorkerError
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -73,11 +74,15 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
         ret = _check_return(environment.step(logs, metadata), size)
         names, metrics = sorted(ret.rewards), dict(ret.metrics)
         entries = [{n: ret.rewards[n][i] for n in names} for i in range(size)]
+    except WorkerError:
+        raise  # a lost or stuck worker says nothing about the samples: never retried, never masked
     except Exception as batch_error:  # noqa: BLE001 - attribute the failure to samples
         singles: list[EnvironmentReturn | Exception] = []
         for i in range(size):
             try:
                 singles.append(_check_return(environment.step([logs[i]], [metadata[i]]), 1))
+            except WorkerError:
+                raise
             except Exception as exc:  # noqa: BLE001
                 singles.append(exc)
         ok = [r for r in singles if isinstance(r, EnvironmentReturn)]

@@ -1,0 +1,151 @@
+"""Remote calls with deadlines: no silent hangs.
+
+Every call the Ray runtime makes to a worker is awaited through ``gather``, which waits at most
+``timeout`` seconds for all of them and turns every way a worker can fail into an exception that
+names the worker, the call and the elapsed time:
+
+* a worker that does not answer in time: ``WorkerError("policy worker 1 (pid 1234) did not
+  answer train() within 30.0 s")``; the stuck workers are killed (a rank blocked in a collective
+  would otherwise wait for its peer forever);
+* a worker that died (killed, OOM, segfault, node lost): ``WorkerError("generation worker 0
+  (pid 4321) died during generate() after 2.1 s: The actor is dead because ...")``;
+* an exception raised by the component itself (bad data, a NaN loss): re-raised on the driver as
+  the same exception type, with a note naming the worker, so a run behaves as it does in-process.
+
+This module imports no Ray at import time (``WorkerError`` is importable anywhere, e.g. by code
+that must let it through a broad ``except Exception``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from grpo_sdk.core.errors import GrpoSdkError
+
+
+class WorkerError(GrpoSdkError):
+    """A remote worker died, or did not answer within its deadline. Exit code 1.
+
+    ``worker`` names it (``"policy worker 1 (pid 1234)"``), ``call`` is the method
+    (``"train()"``), ``elapsed`` the seconds waited.
+    """
+
+    def __init__(self, message: str, *, worker: str | None = None, call: str | None = None,
+                 elapsed: float | None = None):
+        super().__init__(message)
+        self.worker = worker
+        self.call = call
+        self.elapsed = elapsed
+
+
+@attrs.define(eq=False)
+class WorkerHandle:
+    """One Ray actor and how errors name it."""
+
+    actor: Any
+    role: str  # "policy", "generation", "environment", "teacher"
+    index: int  # rank or replica index
+    pid: int | None = None
+    node: str | None = None
+    show_node: bool = False  # multi-node clusters: say which node
+
+    @property
+    def label(self) -> str:
+        where = f"pid {self.pid}" if self.pid is not None else "not started"
+        if self.show_node and self.node:
+            where += f" on {self.node}"
+        return f"{self.role} worker {self.index} ({where})"
+
+    def kill(self) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead, or the cluster is gone: nothing left to stop
+            pass
+
+
+@attrs.define(eq=False)
+class Call:
+    """One remote call in flight: which worker, which method, its object ref."""
+
+    worker: WorkerHandle
+    method: str
+    ref: Any
+
+
+def _reason(exc: BaseException) -> str:
+    """The informative line of a Ray system error ("The actor is dead because ..."), shortened."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "dead because" in line or "killed" in line.lower() or "out of memory" in line.lower():
+            return line[:400]
+    return (lines[0] if lines else type(exc).__name__)[:400]
+
+
+def gather(calls: Sequence[Call], *, timeout: float, on_app_error: str = "wait",
+           on_failure: Callable[[WorkerError], None] | None = None,
+           deadline_key: str = "cluster.call_timeout_s") -> list[Any]:
+    """The results of ``calls`` in order, waiting at most ``timeout`` seconds for all of them.
+
+    ``on_app_error``: when a component raises, ``"wait"`` lets the other calls finish (replicas
+    and environment actors are independent) before re-raising; ``"kill"`` kills the workers still
+    running (ranks of one torch.distributed group would block in a collective waiting for the one
+    that raised). ``on_failure`` is told of every WorkerError before it is raised (the runtime
+    refuses later calls once a worker is lost). ``deadline_key`` is the setting a timeout names.
+    """
+    import ray
+    from ray.exceptions import RayError, RayTaskError
+
+    start = time.monotonic()
+    by_ref = {call.ref: call for call in calls}
+    pending = [call.ref for call in calls]
+    results: dict[Any, Any] = {}
+    app_error: BaseException | None = None
+
+    def fail(error: WorkerError) -> None:
+        for ref in pending:
+            by_ref[ref].worker.kill()
+        if on_failure is not None:
+            on_failure(error)
+        raise error
+
+    while pending:
+        left = start + timeout - time.monotonic()
+        if left <= 0:
+            stuck = [by_ref[ref] for ref in pending]
+            first = stuck[0]
+            others = f" (nor did {', '.join(c.worker.label for c in stuck[1:])})" if len(stuck) > 1 else ""
+            fail(WorkerError(f"{first.worker.label} did not answer {first.method}() within {timeout:.1f} s "
+                             f"({deadline_key}){others}; stopped {'them' if others else 'it'}",
+                             worker=first.worker.label, call=f"{first.method}()", elapsed=time.monotonic() - start))
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in ready:
+            call = by_ref[ref]
+            try:
+                results[ref] = ray.get(ref)
+            except RayTaskError as exc:  # the component raised: an application error, not a lost worker
+                cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else None
+                if cause is None:
+                    cause = WorkerError(f"{call.worker.label} raised during {call.method}(): {_reason(exc)}",
+                                        worker=call.worker.label, call=f"{call.method}()",
+                                        elapsed=time.monotonic() - start)
+                else:
+                    cause.add_note(f"raised in {call.worker.label} during {call.method}(); remote traceback:\n"
+                                   f"{getattr(exc, 'traceback_str', '')}")
+                if on_app_error == "kill":
+                    for other in pending:
+                        by_ref[other].worker.kill()
+                    raise cause from None
+                app_error = app_error or cause
+            except RayError as exc:  # died: killed, OOM-killed, crashed, node lost
+                elapsed = time.monotonic() - start
+                fail(WorkerError(f"{call.worker.label} died during {call.method}() after {elapsed:.1f} s: "
+                                 f"{_reason(exc)}", worker=call.worker.label, call=f"{call.method}()",
+                                 elapsed=elapsed))
+    if app_error is not None:
+        raise app_error
+    return [results[call.ref] for call in calls]

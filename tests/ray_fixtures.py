@@ -1,0 +1,70 @@
+"""One local Ray cluster for the whole test run (each start costs seconds), plus a test-only site.
+
+Import the fixture into a test module (``from ray_fixtures import ray_cluster``). A module that
+uses it should skip itself when Ray is not installed: ``pytest.importorskip("ray", reason=...)``.
+
+Ray workers discover components from installed entry points, so a test-only component must be
+importable in every worker: ``ray_cluster.site`` is a folder of fake distributions (see
+``conftest.FakeSite``) that every worker of the cluster has on its ``PYTHONPATH``. The driver
+does not: a test that needs one of them adds the folder to its own ``sys.path``
+(``monkeypatch.syspath_prepend``) and discovers a registry then.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import attrs
+import pytest
+
+from conftest import FakeSite
+
+STALL_ENV = '''
+import os, time
+
+from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
+from grpo_sdk.plugins import ComponentSpec
+
+SPEC = ComponentSpec(name="stall_digits", kind="environment", impl="grpo_test_stall_env:StallDigits",
+                     capabilities={"generates_prompts"}, summary="reverse_digits that hangs on its second step")
+
+
+class StallDigits(ReverseDigitsEnvironment):
+    """reverse_digits whose second step() call sleeps for a minute: a stuck environment worker."""
+
+    def __init__(self, config, context):
+        super().__init__(None, context)
+        self.calls = 0
+
+    def step(self, message_logs, metadata):
+        self.calls += 1
+        if self.calls == 2:
+            time.sleep(60)
+        return super().step(message_logs, metadata)
+'''
+
+
+@attrs.frozen
+class RayCluster:
+    site: Path  # on every worker's PYTHONPATH, not on the driver's sys.path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
+    ray = pytest.importorskip("ray", reason="the Ray runtime needs ray: pip install 'grpo-sdk[ray]'")
+    site = FakeSite(tmp_path_factory.mktemp("ray_site"))
+    site.add("grpo-test-stall-env",
+             entry_points={"grpo_sdk.environments": {"stall_digits": "grpo_test_stall_env:SPEC"}},
+             files={"grpo_test_stall_env.py": STALL_ENV})
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written to ~/.ray for a private test cluster
+    started = not ray.is_initialized()
+    if started:
+        pythonpath = os.pathsep.join(filter(None, [str(site.root), os.environ.get("PYTHONPATH")]))
+        ray.init(num_cpus=8, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
+                 logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+    yield RayCluster(site=site.root)
+    if started:
+        ray.shutdown()
