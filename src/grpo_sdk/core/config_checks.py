@@ -205,6 +205,62 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
     return problems
 
 
+def _weight_sync_capabilities(name: str, registry: Any) -> frozenset[str]:
+    """The selected transport's declared capabilities (the built-in specs when there is no registry)."""
+    info = registry.info("weight_sync", name) if registry is not None else None
+    if info is not None and info.spec is not None:
+        return info.spec.capabilities
+    from grpo_sdk.weight_sync import specs
+
+    builtin = {spec.name: spec for spec in (specs.INPROCESS, specs.DISK, specs.COLLECTIVE, specs.CUDA_IPC)}
+    return builtin[name].capabilities if name in builtin else frozenset()
+
+
+def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """weight_sync.* against the runtime and devices, from the transport's declared capabilities:
+    ``ray_workers`` (it runs code in the Ray workers) needs cluster.runtime=ray; ``cuda_ipc`` needs
+    GPUs, colocated generation with a policy rank on every replica's GPU, and a generation backend
+    that declares ``cuda_ipc``. Never imports ray or torch."""
+    from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
+
+    name, c, problems = cfg.weight_sync.backend, cfg.cluster, []
+    capabilities = _weight_sync_capabilities(name, registry)
+    gpus = c.gpus_per_node > 0 and c.device != "cpu"
+    colocated = cfg.policy.generation.colocated.enabled
+    if "cuda_ipc" in capabilities:
+        missing = []
+        if c.runtime != "ray":
+            missing.append("cluster.runtime=ray (it runs in the Ray workers)")
+        if not gpus:
+            missing.append("GPUs (cluster.gpus_per_node > 0 and cluster.device not cpu)")
+        if not colocated:
+            missing.append("policy.generation.colocated.enabled=true (a generation replica shares the GPU of "
+                           "the policy rank it copies from)")
+        elif c.generation_workers > c.policy_workers:
+            missing.append(f"a policy rank on every replica's GPU: cluster.generation_workers "
+                           f"({c.generation_workers}) <= cluster.policy_workers ({c.policy_workers})")
+        gen = cfg.policy.generation.backend
+        info = registry.info("generation", gen) if registry is not None else None
+        if info is not None and info.spec is not None and "cuda_ipc" not in info.spec.capabilities:
+            missing.append(f"a generation backend that declares the cuda_ipc capability ({gen!r} does not)")
+        if missing:
+            problems.append(("weight_sync.backend", f"{name!r} shares GPU memory between processes on one GPU; it "
+                             f"needs {'; '.join(missing)}. Otherwise use collective or disk"))
+    elif "ray_workers" in capabilities and c.runtime != "ray":
+        problems.append(("weight_sync.backend", f"{name!r} moves weights between Ray workers: it needs "
+                         "cluster.runtime=ray. In one process use weight_sync.backend=inprocess (or disk)"))
+    block = cfg.weight_sync.configs.get(name)
+    if isinstance(block, CollectiveWeightSyncConfig) and block.backend == "nccl":
+        if not gpus:
+            problems.append(("weight_sync.collective.backend", "nccl needs GPUs (cluster.gpus_per_node > 0 and "
+                             "cluster.device not cpu); use gloo or auto"))
+        elif colocated:
+            problems.append(("weight_sync.collective.backend", "nccl cannot put two ranks on one GPU, and with "
+                             "colocated generation policy rank 0 shares its GPU with generation replica 0; use "
+                             "gloo (auto picks it) or weight_sync.backend=cuda_ipc"))
+    return problems
+
+
 def parse_duration(text: str) -> float:
     """Seconds in 'DD:HH:MM:SS' or 'HH:MM:SS'."""
     parts = text.split(":")
@@ -220,4 +276,5 @@ def parse_duration(text: str) -> float:
 def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
     return (check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
-            + check_lifecycle(cfg, registry) + check_runtime(cfg, registry))
+            + check_lifecycle(cfg, registry) + check_runtime(cfg, registry)
+            + check_weight_sync(cfg, registry))

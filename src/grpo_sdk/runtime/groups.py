@@ -143,13 +143,21 @@ class WorkerGroup:
         """``fn(worker, *args, **kwargs)`` on every worker (or ``ranks``), results in order, with a deadline."""
         return self.wait(self.submit(fn, *args, ranks=ranks, name=name, **kwargs), timeout=timeout)
 
-    def wait(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
-        """Gather calls (possibly from several groups) within ``timeout`` (default cluster.call_timeout_s)."""
+    def wait(self, calls: Sequence[Call], *, timeout: float | None = None, on_app_error: str | None = None,
+             deadline_key: str | None = None) -> list[Any]:
+        """Gather calls (possibly from several groups) within ``timeout`` (default cluster.call_timeout_s).
+
+        ``on_app_error`` (``"wait"``/``"kill"``, see ``deadlines.gather``) defaults to ``"kill"`` for the
+        ranks of one torch.distributed group and ``"wait"`` otherwise. A transport whose worker code
+        finishes its collectives before it raises passes ``"wait"``: the others then end normally, and a
+        peer that died is reported as the WorkerError naming it rather than as its peers' errors.
+        ``deadline_key`` is the setting a missed deadline names (default cluster.call_timeout_s)."""
         self._in_flight += 1
         try:
             results = gather(calls, timeout=timeout or self.runtime.call_timeout,
-                             on_app_error="kill" if self.collective else "wait",
-                             on_failure=self.runtime.record_failure)
+                             on_app_error=on_app_error or ("kill" if self.collective else "wait"),
+                             on_failure=self.runtime.record_failure,
+                             deadline_key=deadline_key or "cluster.call_timeout_s")
         except Exception as exc:
             self._in_flight -= 1  # every call has ended (answered, raised, or its worker was killed)
             if self.collective and not isinstance(exc, WorkerError):

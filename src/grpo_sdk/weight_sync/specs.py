@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.core.config import non_negative, option, positive
 from grpo_sdk.plugins import ComponentSpec
 
 INPROCESS = ComponentSpec(
@@ -32,4 +34,50 @@ DISK = ComponentSpec(
     config="grpo_sdk.weight_sync.specs:DiskWeightSyncConfig",
     capabilities={"disk"},
     summary="The policy writes its weights as safetensors; every generation replica reloads them.",
+)
+
+
+@attrs.frozen(kw_only=True)
+class CollectiveWeightSyncConfig:
+    bucket_mb: float = option(16.0, "Tensors are packed, in the policy's order, into flat byte buckets of at most this "
+                              "many MiB, one broadcast each (a larger tensor goes alone); 0 broadcasts every tensor "
+                              "on its own. Policy rank 0 and every generation replica hold at most two buckets at "
+                              "once.",
+                              validator=non_negative)
+    backend: Literal["auto", "gloo", "nccl"] = option(
+        "auto", "torch.distributed backend of the broadcast group. auto: nccl when the workers run on CUDA and "
+        "generation is not colocated, gloo otherwise (on GPUs, gloo stages each bucket through host memory). "
+        "nccl cannot put two ranks on one GPU, so colocated generation on GPUs needs gloo (or cuda_ipc).")
+    timeout_s: float | None = option(None, "Deadline of one sync, in seconds; null: cluster.call_timeout_s. A "
+                                     "participant that does not finish in time is stopped and the run fails with "
+                                     "a WorkerError naming it.", validator=attrs.validators.optional(positive))
+
+
+COLLECTIVE = ComponentSpec(
+    name="collective",
+    kind="weight_sync",
+    impl="grpo_sdk.weight_sync.collective:CollectiveWeightSync",
+    config="grpo_sdk.weight_sync.specs:CollectiveWeightSyncConfig",
+    capabilities={"collective", "ray_workers"},
+    summary="Ray: policy rank 0 broadcasts its weights to every generation replica over a torch.distributed group.",
+)
+
+
+@attrs.frozen(kw_only=True)
+class CudaIPCWeightSyncConfig:
+    bucket_mb: float = option(512.0, "Size of each of the two GPU buffers every sending policy rank packs its "
+                              "weights into (a larger tensor gets a buffer of its own); the generation replica on "
+                              "the same GPU copies out of them through CUDA IPC handles.", validator=positive)
+    timeout_s: float | None = option(None, "Deadline of one sync, in seconds; null: cluster.call_timeout_s.",
+                                     validator=attrs.validators.optional(positive))
+
+
+CUDA_IPC = ComponentSpec(
+    name="cuda_ipc",
+    kind="weight_sync",
+    impl="grpo_sdk.weight_sync.cuda_ipc:CudaIPCWeightSync",
+    config="grpo_sdk.weight_sync.specs:CudaIPCWeightSyncConfig",
+    capabilities={"cuda_ipc", "ray_workers"},
+    summary="Ray, GPUs, colocated: each generation replica copies the weights of the policy rank on its GPU "
+            "through CUDA IPC handles (no copy through host memory).",
 )

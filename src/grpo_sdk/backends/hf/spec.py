@@ -8,7 +8,7 @@ GENERATION = ComponentSpec(
     impl="grpo_sdk.backends.hf.generation:HFGeneration",
     config="grpo_sdk.backends.hf.config:HFGenerationConfig",
     requires=("torch", "transformers"),
-    capabilities={"colocated", "inprocess", "disk"},
+    capabilities={"colocated", "inprocess", "disk", "cuda_ipc"},
     summary="Batched KV-cache sampling with transformers models (CPU or one GPU).",
 )
 

@@ -1,0 +1,321 @@
+"""CUDA IPC weight sync (Ray runtime, GPUs, colocated generation): no copy through host memory.
+
+NOT RUN YET: this module has never been run on a GPU. Its config checks and its protocol (with a
+stand-in for the CUDA IPC handles, on the CPU) are tested; the GPU test
+(``tests/test_weight_sync_transports.py``, marked ``gpu``) is skipped where there is no CUDA device.
+
+With colocated generation, policy rank i and generation replica i share bundle i, and so one GPU.
+Each sync, every policy rank drains ``named_weights()`` (a collective under FSDP2: every rank gets
+the full tensors), and each rank i that has a replica on its GPU packs the tensors, in order, into
+flat uint8 GPU buffers of ``bucket_mb`` MiB (a larger tensor gets a buffer of its own; the same
+bucketing rule as the collective transport), and publishes each buffer as a CUDA IPC handle
+(``torch.multiprocessing.reductions.reduce_tensor``: a picklable ``(rebuild_fn, args)``) with the
+names, shapes, dtypes and offsets of its tensors. Replica i opens the handle (``rebuild_fn(*args)``:
+a tensor on the sender's memory, no copy), hands views of it to its backend's ``update_weights``
+(which copies them into its parameters), waits for those copies, drops the views and
+acknowledges. The sender keeps a buffer alive until its acknowledgement, and holds at most two.
+
+The handles and acknowledgements travel through a ``TCPStore`` that policy rank 0 hosts (keys
+``<group>/<sync>/<pair>/bucket/<k>`` and ``.../done/<k>``); every blocking store call has the
+store's timeout, 60 s beyond the sync's deadline, so the driver's deadline, which names the stuck
+worker, fires first. At the first sync every participant reports its node and GPU UUID, and the
+transport refuses to run unless replica i and policy rank i are on the same GPU.
+
+Caveats: CUDA IPC does not work with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` on
+torch versions that cannot export such segments; each GPU's memory must hold, during a sync, the
+policy's gathered tensors, two buffers and the generation weights.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import time
+import uuid
+from typing import Any, Callable, Iterable, Iterator
+
+from grpo_sdk.core.records import SyncStats
+from grpo_sdk.weight_sync.collective import Entry, align_up, pack_into, starts_new_bucket
+from grpo_sdk.weight_sync.specs import CudaIPCWeightSyncConfig
+
+STATE_KEY = "grpo_sdk.weight_sync.cuda_ipc"
+GROUP_TIMEOUT_MARGIN_S = 60.0
+END = b"end"
+
+
+# --- CUDA IPC handles (the only GPU-specific part) ----------------------------------------------------
+
+
+def share_cuda(buffer: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A picklable ``(rebuild_fn, args)`` for a CUDA tensor; the sender must keep ``buffer`` alive."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return reduce_tensor(buffer)
+
+
+def open_cuda(handle: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
+    """The sender's tensor, mapped into this process (no copy), on this process's current CUDA device.
+
+    Argument 6 of ``rebuild_cuda_tensor`` is the sender's device index; under Ray both processes see
+    their shared GPU as device 0, and the first sync checked that it is the same GPU (by UUID)."""
+    import torch
+
+    rebuild, args = handle
+    args = list(args)
+    args[6] = torch.cuda.current_device()
+    return rebuild(*args)
+
+
+# --- the protocol (pure apart from the share/open functions; tested on the CPU) -----------------------
+
+
+class Channel:
+    """Handles and acknowledgements of one sender-receiver pair in one sync, through a store."""
+
+    def __init__(self, store: Any, prefix: str):
+        self.store, self.prefix = store, prefix
+
+    def _key(self, kind: str, k: int) -> str:
+        return f"{self.prefix}/{kind}/{k}"
+
+    def publish(self, k: int, payload: bytes) -> None:
+        self.store.set(self._key("bucket", k), payload)
+
+    def receive(self, k: int) -> bytes:
+        key = self._key("bucket", k)
+        payload = self.store.get(key)  # blocks until the sender publishes (or the store's timeout)
+        self.store.delete_key(key)
+        return payload
+
+    def acknowledge(self, k: int, *, failure: str | None = None) -> None:
+        """Buffer ``k`` has been read; or, with ``failure``, could not be (the sender then stops)."""
+        self.store.set(self._key("done", k), b"1" if failure is None else b"failed: " + failure.encode())
+
+    def wait_acknowledged(self, k: int) -> None:
+        key = self._key("done", k)
+        value = self.store.get(key)  # blocks until the receiver answers (or the store's timeout)
+        self.store.delete_key(key)
+        if value != b"1":
+            raise RuntimeError(f"cuda_ipc weight sync: the generation replica could not read buffer {k}: "
+                               f"{value.decode(errors='replace').removeprefix('failed: ')}")
+
+
+def _synchronize(device: Any) -> None:
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        torch.cuda.current_stream(device).synchronize()
+
+
+def send_buckets(weights: Iterable[tuple[str, Any]], channel: Channel, *, bucket_bytes: int, device: Any,
+                 share: Callable[[Any], Any] = share_cuda) -> tuple[int, int]:
+    """Pack ``weights`` into buffers on ``device`` and publish each (at most two alive); (tensors, bytes).
+
+    Each tensor is copied into the current buffer as it arrives, so a gathered tensor can be freed
+    at once. Returns after the receiver has acknowledged every buffer.
+    """
+    import torch
+
+    held: dict[int, Any] = {}  # bucket index -> buffer, until acknowledged
+    index = -1
+    buffer: Any = None
+    entries: list[Entry] = []
+    end = tensors = num_bytes = 0
+
+    def publish() -> None:
+        _synchronize(device)  # the packing copies are done before the receiver reads (also for a reused block)
+        channel.publish(index, pickle.dumps((share(buffer), entries)))
+        held[index] = buffer
+
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if buffer is None or starts_new_bucket(len(entries), end, nbytes, bucket_bytes):
+            if buffer is not None:
+                publish()
+            index += 1
+            if index >= 2:  # at most two buffers alive: the one two back must have been read
+                channel.wait_acknowledged(index - 2)
+                held.pop(index - 2)
+            buffer = torch.empty(max(bucket_bytes, nbytes), dtype=torch.uint8, device=device)
+            entries, end = [], 0
+        entry = Entry(name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, offset=align_up(end), nbytes=nbytes)
+        pack_into(buffer, entry, tensor)
+        entries.append(entry)
+        end = entry.offset + nbytes
+        tensors += 1
+        num_bytes += nbytes
+    if buffer is not None:
+        publish()
+    channel.publish(index + 1, END)
+    for k in sorted(held):
+        channel.wait_acknowledged(k)
+    held.clear()
+    return tensors, num_bytes
+
+
+def receive_buckets(channel: Channel, *, open_: Callable[[Any], Any] = open_cuda, device: Any = None
+                    ) -> Iterator[tuple[str, Any]]:
+    """Views of each published buffer, in order; a buffer is acknowledged once the consumer has asked
+    for the tensor after its last one (so its copies were issued) and they have completed."""
+    k = 0
+    while True:
+        payload = channel.receive(k)
+        if payload == END:
+            return
+        try:
+            handle, entries = pickle.loads(payload)
+            buffer = open_(handle)
+            views = [(entry.name, buffer[entry.offset:entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape))
+                     for entry in entries]
+        except Exception as exc:
+            channel.acknowledge(k, failure=f"{type(exc).__name__}: {exc}")  # the sender stops instead of waiting
+            raise
+        del buffer
+        yield from views
+        del views
+        _synchronize(device)  # the consumer's copies out of the sender's memory have finished
+        channel.acknowledge(k)
+        k += 1
+
+
+def finish(received: Iterator[Any]) -> int:
+    """Read and acknowledge what is left (the sender waits for every acknowledgement); how many tensors."""
+    left = 0
+    try:
+        for _ in received:
+            left += 1
+    except Exception:  # noqa: BLE001 - the channel is broken: the error that got us here is the one to report
+        pass
+    return left
+
+
+# --- the worker side ------------------------------------------------------------------------------------
+
+
+def _state(worker: Any, group_id: str) -> dict[str, Any]:
+    state = worker.state.get(STATE_KEY)
+    if state is None or state["id"] != group_id:
+        raise RuntimeError(f"cuda_ipc weight sync: this worker (pid {os.getpid()}) never joined group {group_id}")
+    return state
+
+
+def join_op(worker: Any, group_id: str, host: str, port: int, is_master: bool, timeout_s: float, pair: int
+            ) -> tuple[str, str | None]:
+    """Connect to the transport's store (policy rank 0 hosts it) as pair ``pair`` (a policy rank, or the
+    replica index); (node, GPU UUID) for the placement check."""
+    import torch
+    import torch.distributed as dist
+
+    from grpo_sdk.runtime.workers import node_ip
+
+    if worker.device != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(f"weight_sync.backend=cuda_ipc needs every worker on CUDA; this one (pid {os.getpid()}) "
+                           f"runs on {worker.device}")
+    worker.state.pop(STATE_KEY, None)
+    store = dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    worker.state[STATE_KEY] = {"id": group_id, "store": store, "pair": pair}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu = str(props.uuid) if getattr(props, "uuid", None) is not None else None
+    return node_ip(), gpu
+
+
+def send_op(worker: Any, group_id: str, sync: int, replicas: int, bucket_bytes: int) -> tuple[int, int] | None:
+    """Policy ranks: all drain ``named_weights``; rank i < replicas shares it with replica i."""
+    import torch
+
+    weights = iter(worker.component.named_weights())
+    try:
+        if worker.rank >= replicas:
+            return None
+        state = _state(worker, group_id)
+        channel = Channel(state["store"], f"{group_id}/{sync}/{worker.rank}")
+        device = torch.device("cuda", torch.cuda.current_device())
+        result = send_buckets(weights, channel, bucket_bytes=bucket_bytes, device=device)
+        torch.cuda.ipc_collect()  # free buffers the receiver has released
+        return result
+    finally:
+        for _ in weights:  # every rank drains the collective iterator, after an error too
+            pass
+
+
+def receive_op(worker: Any, group_id: str, sync: int, version: int) -> int:
+    """Generation replica i: copy the weights out of policy rank i's buffers with ``update_weights``."""
+    import torch
+
+    state = _state(worker, group_id)
+    channel = Channel(state["store"], f"{group_id}/{sync}/{state['pair']}")
+    received = receive_buckets(channel, device=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        worker.component.update_weights(received, version=version)
+    except BaseException:
+        finish(received)
+        raise
+    if finish(received):
+        raise RuntimeError("cuda_ipc weight sync: the generation backend's update_weights returned without "
+                           "reading every weight it was given")
+    return version
+
+
+# --- the driver side ------------------------------------------------------------------------------------
+
+
+class CudaIPCWeightSync:
+    """Each generation replica copies the weights of the policy rank on its GPU through CUDA IPC handles."""
+
+    def __init__(self, config: CudaIPCWeightSyncConfig | None, context: Any):
+        self.config = config = config or CudaIPCWeightSyncConfig()
+        cluster = context.config.cluster
+        self.bucket_bytes = int(config.bucket_mb * (1 << 20))
+        self.timeout = float(config.timeout_s or cluster.call_timeout_s)
+        self.deadline_key = "weight_sync.cuda_ipc.timeout_s" if config.timeout_s else "cluster.call_timeout_s"
+        self.store_timeout = max(self.timeout, float(cluster.call_timeout_s)) + GROUP_TIMEOUT_MARGIN_S
+        self.group_id: str | None = None
+        self.syncs = 0
+
+    def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
+        start = time.perf_counter()
+        if not all(callable(getattr(obj, "submit", None)) for obj in (policy, generation)):
+            raise TypeError("weight_sync.backend=cuda_ipc shares GPU memory between Ray workers and needs the Ray "
+                            f"runtime's worker groups (cluster.runtime=ray); got {type(policy).__name__} and "
+                            f"{type(generation).__name__}")
+        replicas = len(generation.workers)
+        if replicas > len(policy.workers):
+            raise ValueError(f"cuda_ipc: {replicas} generation replicas but {len(policy.workers)} policy ranks; every "
+                             "replica needs a policy rank on its GPU (cluster.generation_workers <= policy_workers)")
+        if self.group_id is None:
+            self._connect(policy, generation)
+        self.syncs += 1
+        calls = (policy.submit(send_op, self.group_id, self.syncs, replicas, self.bucket_bytes, name="cuda_ipc_send")
+                 + generation.submit(receive_op, self.group_id, self.syncs, version, name="cuda_ipc_receive"))
+        results = self._wait(policy, calls)
+        num_tensors, num_bytes = results[0]
+        return SyncStats(version=version, num_tensors=num_tensors, num_bytes=num_bytes,
+                         seconds=time.perf_counter() - start)
+
+    def _wait(self, policy: Any, calls: list[Any]) -> list[Any]:
+        # "wait": each side finishes its part before it raises (a sender gets every acknowledgement), so
+        # a dead peer is reported as the WorkerError naming it, not as its peers' errors.
+        return policy.wait(calls, timeout=self.timeout, on_app_error="wait", deadline_key=self.deadline_key)
+
+    def _connect(self, policy: Any, generation: Any) -> None:
+        from grpo_sdk.core.errors import GrpoSdkError
+        from grpo_sdk.runtime.workers import address_op
+
+        host, port = self._wait(policy, policy.submit(address_op, ranks=[0], name="cuda_ipc_address"))[0]
+        group_id = uuid.uuid4().hex[:12]
+        ranks = len(policy.workers)
+        calls = [call for group, count in ((policy, ranks), (generation, len(generation.workers)))
+                 for i in range(count)
+                 for call in group.submit(join_op, group_id, host, port, group is policy and i == 0, self.store_timeout,
+                                          i, ranks=[i], name="cuda_ipc_join")]
+        places = self._wait(policy, calls)
+        senders, receivers = places[:ranks], places[ranks:]
+        for i, (sender, receiver) in enumerate(zip(senders, receivers)):
+            if sender != receiver or sender[1] is None:
+                raise GrpoSdkError(
+                    f"cuda_ipc: generation replica {i} ({generation.workers[i].label}) is on GPU {receiver[1]} of "
+                    f"{receiver[0]}, but policy rank {i} ({policy.workers[i].label}) is on GPU {sender[1]} of "
+                    f"{sender[0]}; CUDA IPC needs them on one GPU (policy.generation.colocated.enabled=true)")
+        self.group_id = group_id
