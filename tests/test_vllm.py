@@ -166,3 +166,21 @@ def test_grpo_steps_of_the_builtin_recipe_with_vllm(tmp_path, model_dir):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]
     assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0, 2.0, 3.0]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_replicas_on_ray_take_weights_by_collective_broadcast(tmp_path, model_dir):
+    """The vLLM backend inside Ray generation workers, synced by the collective transport (a gloo
+    broadcast from policy rank 0): logprobs keep agreeing with the policy across syncs."""
+    pytest.importorskip("ray", reason="the vLLM lane installs ray for this test (.ci/vllm-lane)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
+                             f"policy.model_name={model_dir}", "grpo.max_num_steps=3", "grpo.val_period=0",
+                             "cluster.runtime=ray", "cluster.generation_workers=2", "weight_sync.backend=collective",
+                             "checkpointing.enabled=false", *VLLM], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]
+    assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0, 2.0]
