@@ -2,8 +2,9 @@
 
 A new venv gets a ``.pth`` file that puts this test environment's site-packages (and grpo-sdk's
 source) on its path, so grpo-sdk, torch and the rest are importable *and* visible to pip as
-installed: ``pip install ./plugin`` then installs only the plugin, with no download. The plugin
-itself is a real pip install into the new venv, found through its own entry points.
+installed: ``pip install --no-deps ./plugin`` then installs only the plugin (its build may fetch
+setuptools into pip's build isolation once; pip caches it). The plugin itself is a real pip
+install into the new venv, found through its own entry points.
 """
 
 from __future__ import annotations

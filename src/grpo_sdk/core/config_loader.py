@@ -265,8 +265,9 @@ class Structurer:
         for key, value in data.items():
             if key in fields:
                 continue
-            if slot is not None and self._is_block_key(slot, key):
-                name = key[: -len("_cfg")] if self.registry.info(slot.kind, key) is None else key
+            block_name = self._block_name(slot, key, data) if slot is not None else None
+            if block_name is not None:
+                name = block_name
                 if name in blocks:
                     problems.append((key, f"block {name!r} is given twice (as {name!r} and {name + '_cfg'!r})", False))
                 if value is not None and not isinstance(value, dict):
@@ -321,9 +322,20 @@ class Structurer:
             values["extra_sections"] = extra_sections
         return cls(**values)
 
-    def _is_block_key(self, slot: C.PluginSlot, key: str) -> bool:
-        names = self.registry.names(slot.kind)
-        return key in names or (key.endswith("_cfg") and key[: -len("_cfg")] in names)
+    def _block_name(self, slot: C.PluginSlot, key: str, data: dict[str, Any]) -> str | None:
+        """The plugin a key's block belongs to (``vllm`` for ``vllm`` or the seed's ``vllm_cfg``), or None.
+
+        A block named after the selected plugin counts even when that plugin is not installed, so
+        the run reports the one real problem (the plugin) rather than also an "unknown key".
+        """
+        selected = data.get(slot.selector)
+        known = set(self.registry.names(slot.kind))
+        known.update(selected if isinstance(selected, list) else [selected] if isinstance(selected, str) else [])
+        if key in known:
+            return key
+        if key.endswith("_cfg") and key[: -len("_cfg")] in known:
+            return key[: -len("_cfg")]
+        return None
 
     def _plugin_block(self, slot: C.PluginSlot, name: str, block: dict[str, Any] | None, path: str = "") -> Any:
         try:

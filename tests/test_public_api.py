@@ -1,0 +1,283 @@
+"""The public plugin API, pinned: ``grpo_sdk.plugins`` and the hooks (docs/compatibility.md).
+
+Plugin authors import only ``grpo_sdk.plugins``. Its names, the methods and arguments of its
+protocols, the fields of its records, and the names and arguments of the hook specs are spelled
+out here as literals, so an accidental change (a renamed protocol method, a dropped record
+field, a new required hook argument) fails this test. A deliberate change updates the literal
+here, the docs (docs/compatibility.md lists the names; docs/plugins.md documents every hook with
+its signature), and, when it can break a plugin, comes with a deprecation or a plugin API bump.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import attrs
+import pluggy
+import pytest
+
+import grpo_sdk.plugins as api
+from grpo_sdk.plugins import hookspecs
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+PUBLIC_NAMES = [
+    "AdvantageEstimator",
+    "ComponentInfo",
+    "ComponentSpec",
+    "ConfigError",
+    "ConfigSection",
+    "DataError",
+    "Environment",
+    "EnvironmentReturn",
+    "EnvironmentStepError",
+    "ExitCode",
+    "Generation",
+    "GenerationInput",
+    "GenerationOutput",
+    "GrpoSdkError",
+    "HOOKS_GROUP",
+    "KINDS",
+    "Logger",
+    "LossFunction",
+    "Message",
+    "MessageLog",
+    "ModelLoadError",
+    "NonFiniteError",
+    "PLUGIN_API_VERSION",
+    "PluginError",
+    "Policy",
+    "RunContext",
+    "SUPPORTED_PLUGIN_APIS",
+    "SamplingParams",
+    "SyncStats",
+    "TrainBatch",
+    "WeightSync",
+    "hookimpl",
+    "hookspec",
+    "option",
+]
+
+# Each protocol's methods, as (argument names): "*" starts keyword-only arguments.
+PROTOCOLS = {
+    "AdvantageEstimator": {"compute_advantages": "(self, rewards, group_ids, mask, **extras)"},
+    "Environment": {"step": "(self, message_logs, metadata)"},
+    "Generation": {
+        "finish_generation": "(self)",
+        "generate": "(self, prompts, sampling)",
+        "prepare_for_generation": "(self)",
+        "shutdown": "(self)",
+        "update_weights": "(self, weights, *, version)",
+    },
+    "Logger": {"close": "(self)", "log_metrics": "(self, step, metrics)"},
+    "LossFunction": {"__call__": "(self, logprobs, batch, *, global_valid_seqs, global_valid_toks)"},
+    "Policy": {
+        "load_checkpoint": "(self, path)",
+        "logprobs": "(self, batch)",
+        "named_weights": "(self)",
+        "offload": "(self)",
+        "onload": "(self)",
+        "reference_logprobs": "(self, batch)",
+        "save_checkpoint": "(self, path)",
+        "shutdown": "(self)",
+        "train": "(self, batch, loss_fn)",
+    },
+    "WeightSync": {"sync_weights": "(self, policy, generation, *, version)"},
+}
+
+# Each record's fields in order; "=" marks a field with a default (optional to construct).
+RECORDS = {
+    "ComponentInfo": "kind, name, status, spec=, entry_point=, dist=, version=, problem=, hint=",
+    "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, summary=",
+    "ConfigSection": "name, config, summary=",
+    "EnvironmentReturn": "rewards, done=, observations=, metadata=, metrics=",
+    "GenerationInput": "input_ids, attention_mask",
+    "GenerationOutput": "response_ids, response_lengths, logprobs, truncated, weight_version=",
+    "Message": "role, content, token_ids=, generation_logprobs=",
+    "RunContext": ("config, run_dir, model_path, tokenizer_path, device, seed, needs_reference, registry=, "
+                   "resume_step=, rank=, world_size="),
+    "SamplingParams": "max_new_tokens, temperature=, top_p=, top_k=, stop_token_ids=, seed=",
+    "SyncStats": "version, num_tensors, num_bytes, seconds",
+    "TrainBatch": ("input_ids, attention_mask, token_mask, sample_mask, generation_logprobs, group_ids, rewards, "
+                   "advantages=, prev_logprobs=, reference_logprobs=, extras="),
+}
+
+# Hook name -> the argument names of its pluggy spec (what @hookimpl functions may take).
+HOOKS = {
+    "grpo_checkpoint_saved": ("run", "step", "path"),
+    "grpo_cli_commands": ("app",),
+    "grpo_components": (),
+    "grpo_config_sections": (),
+    "grpo_run_end": ("run", "status", "error"),
+    "grpo_run_start": ("run",),
+    "grpo_step_end": ("run", "step", "metrics"),
+}
+
+EXIT_CODES = {"OK": 0, "FAILED": 1, "USAGE": 2, "PLUGIN": 3, "ENVIRONMENT": 4, "INTERRUPTED": 130}
+
+ENTRY_POINT_GROUPS = {
+    "generation": "grpo_sdk.generation",
+    "policy": "grpo_sdk.policy",
+    "estimator": "grpo_sdk.estimators",
+    "environment": "grpo_sdk.environments",
+    "weight_sync": "grpo_sdk.weight_sync",
+    "logger": "grpo_sdk.loggers",
+}
+
+
+def arguments(function) -> str:
+    """``(self, weights, *, version)``: argument names and kinds, without annotations or defaults."""
+    parts, keyword_only = [], False
+    for p in inspect.signature(function).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+            keyword_only = True
+        elif p.kind is p.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+        else:
+            if p.kind is p.KEYWORD_ONLY and not keyword_only:
+                parts.append("*")
+                keyword_only = True
+            parts.append(p.name + ("=" if p.default is not p.empty else ""))
+    return f"({', '.join(parts)})"
+
+
+def hook_callers() -> dict[str, pluggy.HookCaller]:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return {name: caller for name, caller in vars(pm.hook).items() if isinstance(caller, pluggy.HookCaller)}
+
+
+# --- the names -----------------------------------------------------------------------------------
+
+
+def test_public_names_are_pinned():
+    assert PUBLIC_NAMES == sorted(PUBLIC_NAMES), "keep the pinned list sorted"
+    assert sorted(api.__all__) == PUBLIC_NAMES, (
+        "grpo_sdk.plugins.__all__ changed: a public API change must be deliberate. Update PUBLIC_NAMES, "
+        "docs/compatibility.md and, if a plugin can break, deprecate first (docs/compatibility.md)")
+    assert len(set(api.__all__)) == len(api.__all__)
+
+
+def test_every_public_name_resolves_and_nothing_else_is_public():
+    for name in api.__all__:
+        assert getattr(api, name, None) is not None, f"grpo_sdk.plugins.{name} is in __all__ but does not resolve"
+    namespace: dict = {}
+    exec("from grpo_sdk.plugins import *", namespace)
+    assert sorted(k for k in namespace if k != "__builtins__") == PUBLIC_NAMES
+    # Submodules are attributes too, but private: only the re-exports are the API.
+    stray = [n for n, v in vars(api).items()
+             if not n.startswith("_") and n not in api.__all__ and not isinstance(v, types.ModuleType)]
+    assert stray == [], f"public-looking names missing from __all__: {stray}"
+
+
+def test_the_plugin_api_version_is_supported_and_is_the_spec_default():
+    assert isinstance(api.PLUGIN_API_VERSION, int) and api.PLUGIN_API_VERSION >= 1
+    assert api.PLUGIN_API_VERSION in api.SUPPORTED_PLUGIN_APIS
+    assert isinstance(api.SUPPORTED_PLUGIN_APIS, frozenset)
+    assert attrs.fields(api.ComponentSpec).api.default == api.PLUGIN_API_VERSION
+
+
+def test_importing_the_public_module_imports_no_heavy_module():
+    heavy = ("torch", "transformers", "ray")
+    code = ("import sys\nfrom grpo_sdk.plugins import *\nimport json\n"
+            f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+# --- what the names promise ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOLS))
+def test_protocol_methods_are_pinned(name):
+    protocol = getattr(api, name)
+    methods = {attr: arguments(value) for attr, value in vars(protocol).items()
+               if inspect.isfunction(value) and (not attr.startswith("_") or attr == "__call__")}
+    assert methods == PROTOCOLS[name], (
+        f"the methods of {name} changed: a new required method or argument breaks every plugin of that "
+        "kind (make it optional, or bump the plugin API, docs/compatibility.md)")
+
+
+def test_every_public_protocol_is_pinned():
+    protocols = {n for n in api.__all__ if getattr(getattr(api, n), "_is_protocol", False)}
+    assert protocols == set(PROTOCOLS)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_record_fields_are_pinned(name):
+    fields = ", ".join(f.name + ("=" if f.default is not attrs.NOTHING else "")
+                       for f in attrs.fields(getattr(api, name)))
+    assert fields == RECORDS[name], f"the fields of {name} changed (a new field needs a default to break nobody)"
+
+
+def test_every_public_record_is_pinned():
+    records = {n for n in api.__all__ if isinstance(getattr(api, n), type) and attrs.has(getattr(api, n))}
+    assert records == set(RECORDS)
+
+
+def test_exit_codes_and_entry_point_groups_are_pinned():
+    assert {m.name: int(m) for m in api.ExitCode} == EXIT_CODES
+    assert api.KINDS == ENTRY_POINT_GROUPS
+    assert api.HOOKS_GROUP == "grpo_sdk.hooks"
+    errors = ("ConfigError", "DataError", "EnvironmentStepError", "ModelLoadError", "NonFiniteError", "PluginError")
+    for error in errors:
+        assert issubclass(getattr(api, error), api.GrpoSdkError)
+    assert (api.ConfigError.exit_code, api.PluginError.exit_code) == (api.ExitCode.USAGE, api.ExitCode.PLUGIN)
+
+
+# --- hooks ---------------------------------------------------------------------------------------
+
+
+def test_hook_specs_are_pinned():
+    callers = hook_callers()
+    assert {name: caller.spec.argnames for name, caller in callers.items()} == HOOKS, (
+        "the hook specs changed: removing a hook or an argument breaks plugins that use it "
+        "(deprecate with warn_on_impl / warn_on_impl_args first, docs/compatibility.md)")
+    # Plain observer/collector hooks: no firstresult or historic semantics, nothing deprecated yet.
+    for name, caller in callers.items():
+        opts = caller.spec.opts
+        assert (opts["firstresult"], opts["historic"], opts["warn_on_impl"]) == (False, False, None), name
+
+
+def test_the_hook_markers_are_the_projects():
+    assert api.hookimpl.project_name == api.hookspec.project_name == "grpo_sdk"
+
+
+def test_every_hook_is_documented_with_its_signature():
+    """docs/plugins.md names each hook as `name(arg, ...)` with the spec's exact arguments."""
+    text = (DOCS / "plugins.md").read_text()
+    documented = {m.group(1): m.group(2) for m in re.finditer(r"`(grpo_\w+)\(([^)`]*)\)`", text)}
+    expected = {name: ", ".join(args) for name, args in HOOKS.items()}
+    missing = sorted(set(expected) - set(documented))
+    unknown = sorted(set(documented) - set(expected))
+    wrong = {n: (documented[n], expected[n]) for n in set(expected) & set(documented) if documented[n] != expected[n]}
+    assert not missing, f"docs/plugins.md does not document these hooks: {missing}"
+    assert not unknown, f"docs/plugins.md documents hooks that do not exist: {unknown}"
+    assert not wrong, f"docs/plugins.md has the wrong signature (documented, actual): {wrong}"
+
+
+def test_every_kind_is_documented_with_its_group_and_protocol():
+    text = (DOCS / "plugins.md").read_text()
+    rows = {m.group(1): (m.group(2), m.group(3))
+            for m in re.finditer(r"^\| (\w+) \| `([\w.]+)` \| `(\w+)` \|", text, re.MULTILINE)}
+    assert set(rows) == set(ENTRY_POINT_GROUPS)
+    for kind, (group, protocol) in rows.items():
+        assert group == ENTRY_POINT_GROUPS[kind] and protocol in PROTOCOLS, (kind, group, protocol)
+
+
+def test_the_compatibility_page_lists_the_public_names():
+    text = (DOCS / "compatibility.md").read_text()
+    section = re.search(r"<!-- public-api.*?-->(.*?)<!-- /public-api -->", text, re.DOTALL)
+    assert section, "docs/compatibility.md lost its public-api list"
+    listed = re.findall(r"`(\w+)`", section.group(1))
+    assert sorted(listed) == PUBLIC_NAMES, "docs/compatibility.md must list exactly grpo_sdk.plugins.__all__"
