@@ -78,3 +78,8 @@ def show(name: str = typer.Argument(..., help="Component name, e.g. hf."),
             print()
 
     guarded(body)
+
+
+from grpo_sdk.cli.plugins_new import new  # noqa: E402  (its own module: the scaffold is long)
+
+app.command("new", epilog=EPILOG)(new)
