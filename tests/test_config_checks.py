@@ -102,3 +102,13 @@ def test_config_validate_reports_algorithm_problems_without_torch(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert result.stdout.split() == ["False", "2"], result.stderr
     assert "loss_fn.ratio_clip_c" in result.stderr and "grpo.batch_multiplier" in result.stderr
+
+
+def test_a_dataset_environment_without_validation_data_names_the_switches_that_are_on(registry):
+    found = problems(registry, "env.name=math", "data.train_path=train.jsonl", "grpo.val_period=0")
+    assert found["data.validation_path"].endswith(
+        "(grpo.val_at_end=true): environment 'math' does not generate prompts; set grpo.val_at_end=false to train "
+        "without validation")
+    cfg = load_config(None, ["env.name=math", "data.train_path=train.jsonl", "grpo.val_period=0",
+                             "grpo.val_at_end=false"], registry)
+    assert cfg.data.validation_path is None

@@ -32,14 +32,14 @@ def run_snippet(body: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["grpo_sdk", "grpo_sdk.plugins", "grpo_sdk.cli.app"])
+@pytest.mark.parametrize("module", ["grpo_sdk", "grpo_sdk.plugins", "grpo_sdk.cli.app", "grpo_sdk.testing"])
 def test_importing_does_not_import_heavy_modules(module):
     report = run_snippet(f"import {module}\nrc = 0\n")
     assert report["heavy"] == []
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["plugins", "list"], ["plugins", "list", "--json"],
-                                  ["plugins", "show", "hf"], ["config", "validate"], ["config", "show"],
+                                  ["plugins", "show", "hf"], ["plugins", "new", "--help"], ["config", "validate"], ["config", "show"],
                                   ["config", "schema"]], ids=" ".join)
 def test_light_cli_commands_do_not_import_heavy_modules(argv):
     report = run_snippet(

@@ -281,3 +281,24 @@ def test_the_compatibility_page_lists_the_public_names():
     assert section, "docs/compatibility.md lost its public-api list"
     listed = re.findall(r"`(\w+)`", section.group(1))
     assert sorted(listed) == PUBLIC_NAMES, "docs/compatibility.md must list exactly grpo_sdk.plugins.__all__"
+
+
+# The contract kit is public too: plugin packages' own test suites import it.
+TESTING_NAMES = [
+    "Component", "ContractError", "ContractTests", "SELECTORS", "check_config", "check_light", "check_protocol",
+    "check_spec", "grpo_component", "grpo_tiny_model", "parse_component", "pytest_addoption",
+    "pytest_generate_tests", "run_training",
+]
+CONTRACT_TESTS = ["test_config", "test_protocol", "test_spec", "test_spec_is_light", "test_trains"]
+
+
+def test_the_contract_kit_names_are_pinned():
+    import grpo_sdk.testing as kit
+
+    assert sorted(kit.__all__) == sorted(TESTING_NAMES)
+    assert sorted(name for name in vars(kit.ContractTests) if name.startswith("test_")) == CONTRACT_TESTS
+    assert arguments(kit.run_training) == "(kind, name, overrides=, *, steps=, registry=, run_dir=, model_dir=, " \
+                                          "logprob_tolerance=)"
+    for check in (kit.check_spec, kit.check_protocol, kit.check_light):
+        assert arguments(check) == "(kind, name, *, registry=)"
+    assert arguments(kit.check_config) == "(kind, name, overrides=, *, registry=)"

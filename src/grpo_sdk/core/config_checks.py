@@ -130,10 +130,14 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
         problems.append(("data.train_path", f"is required: environment {cfg.env.name!r} does not generate prompts"))
     validating = grpo.val_period > 0 or grpo.val_at_start or grpo.val_at_end
     if validating and not data.validation_path and info is not None and not generates:
+        # Name only the switches that are on, so the fix is exactly those.
+        on = [f"grpo.val_period={grpo.val_period}"] if grpo.val_period > 0 else []
+        on += [f"grpo.{key}=true" for key in ("val_at_start", "val_at_end") if getattr(grpo, key)]
+        off = ["grpo.val_period=0" if key.startswith("grpo.val_period") else key.replace("=true", "=false")
+               for key in on]
         problems.append(("data.validation_path",
-                         f"is required when validation is on (grpo.val_period={grpo.val_period}, val_at_start, "
-                         f"val_at_end): environment {cfg.env.name!r} does not generate prompts; set "
-                         "grpo.val_period=0 to train without validation"))
+                         f"is required when validation is on ({', '.join(on)}): environment {cfg.env.name!r} does "
+                         f"not generate prompts; set {' '.join(off)} to train without validation"))
     if grpo.stop_at_validation_metric is not None and grpo.stop_at_validation_threshold is None:
         problems.append(("grpo.stop_at_validation_threshold", "must be set with grpo.stop_at_validation_metric"))
     if grpo.stop_at_validation_metric == "pass_k" and grpo.val_num_generations_per_prompt <= 1:
