@@ -60,7 +60,10 @@ class HFPolicy:
                                 device="cpu" if self.dp else context.device,
                                 attn_implementation=config.attn_implementation)
         if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # transformers 5.x renamed it; 4.x has only the old name.
+            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
+                self.model.gradient_checkpointing_enable
+            enable()
         self.reference = None
         if context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
