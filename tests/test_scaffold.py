@@ -63,6 +63,7 @@ def test_render_gives_a_package_with_the_entry_point_and_the_contract_tests(kind
             ast.parse(text, filename=path)  # every template renders to valid Python
     spec = files["src/grpo_acme/spec.py"]
     assert f'kind="{kind}"' in spec and 'impl="grpo_acme.' in spec and "import torch" not in spec
+    assert "    api=1," in spec  # stated, so another plugin API reports incompatible-api
     assert 'pytest_plugins = ["grpo_sdk.testing"]' in files["tests/conftest.py"]
     assert "class TestContract(ContractTests)" in files["tests/test_contract.py"]
 

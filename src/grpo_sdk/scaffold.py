@@ -23,7 +23,7 @@ from string import Template
 import attrs
 
 from grpo_sdk.plugins.registry import KIND_LABELS
-from grpo_sdk.plugins.specs import KINDS
+from grpo_sdk.plugins.specs import KINDS, PLUGIN_API_VERSION
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")  # the ComponentSpec name rule
 
@@ -157,6 +157,7 @@ SPEC = ComponentSpec(
     kind="$kind",
     impl="$package.$module:$Impl",
     config="$package.spec:$Config",
+    api=$api,  # the plugin API this is written against: another grpo-sdk lists it as incompatible-api
 $capabilities    summary="$summary.",
 )
 '''
@@ -614,7 +615,8 @@ def render(names: PluginNames, kind: str, sdk: str | None = None) -> dict[str, s
     values = {"name": names.name, "dist": names.dist, "package": names.package, "kind": kind,
               "group": KINDS[kind], "label": label, "a_label": ("an " if label[0] in "aeiou" else "a ") + label,
               "summary": t.summary, "module": t.module, "protocol": t.protocol, "Impl": names.classes + t.suffix, "Config": names.classes + "Config",
-              "block": f"{_BLOCKS[kind]}.{names.name}", "capabilities": t.capabilities, "options": t.options}
+              "block": f"{_BLOCKS[kind]}.{names.name}", "capabilities": t.capabilities, "options": t.options,
+              "api": PLUGIN_API_VERSION}
     values["usage"] = Template(t.usage).substitute(values)
     values["cli"] = cli_selection(kind, names.name)
     values["dependencies"] = ", ".join(f'"{d}"' for d in (sdk or sdk_requirement(), *t.dependencies))

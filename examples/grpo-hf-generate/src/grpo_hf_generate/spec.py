@@ -17,5 +17,6 @@ SPEC = ComponentSpec(
     impl="grpo_hf_generate.generation:HFGenerateGeneration",
     config="grpo_hf_generate.spec:HFGenerateConfig",
     requires=("transformers>=4.50",),
+    api=1,  # the plugin API this is written against
     summary="Sampling through transformers' model.generate (example plugin).",
 )
