@@ -97,6 +97,19 @@ def tiny_model_dir(tmp_path_factory):
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny_gpt2"), seed=0)
 
 
+def config_problems(registry, *overrides: str) -> dict[str, str]:
+    """Key -> every message a config load reports about it, joined (the load must fail)."""
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, list(overrides), registry)
+    found: dict[str, str] = {}
+    for key, message in info.value.problems:
+        found[key] = f"{found[key]} | {message}" if key in found else message
+    return found
+
+
 def small_trainer(registry, run_dir, model_dir, *overrides):
     """A set-up GRPOTrainer on the built-in recipe with a local model and 4 x 4 rollouts."""
     from grpo_sdk.core.config_loader import load_config

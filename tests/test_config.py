@@ -18,6 +18,7 @@ from grpo_sdk.core.errors import ConfigError, ExitCode, PluginError
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
 from grpo_sdk.plugins.registry import Registry
+from grpo_sdk.testing import undocumented_options
 
 # The smallest file that passes every check. max_new_tokens is set because the class defaults
 # (max_new_tokens 512, max_total_sequence_length 512) fail check_config; see test_class_defaults_pass_checks.
@@ -406,22 +407,6 @@ def test_omitted_pluggable_section_gets_plugin_defaults(registry, write):
 # --- documentation ------------------------------------------------------------------------------
 
 
-def undocumented(cls: type, prefix: str = "") -> list[str]:
-    """Paths of user-facing fields below ``cls`` without a non-empty ``metadata['help']``."""
-    attrs.resolve_types(cls)
-    missing = []
-    for field in attrs.fields(cls):
-        if field.metadata.get("internal"):
-            continue
-        path = prefix + field.name
-        help_text = field.metadata.get("help")
-        if not isinstance(help_text, str) or not help_text.strip():
-            missing.append(path)
-        if attrs.has(field.type):
-            missing += undocumented(field.type, path + ".")
-    return missing
-
-
 def plugin_config_classes(registry) -> dict[str, type]:
     """Every built-in's config class, usable or not (config modules are light: no requirement needed)."""
     from grpo_sdk.plugins.registry import import_target
@@ -431,13 +416,13 @@ def plugin_config_classes(registry) -> dict[str, type]:
 
 
 def test_every_master_config_field_is_documented():
-    assert undocumented(C.MasterConfig) == []
+    assert undocumented_options(C.MasterConfig) == []
 
 
 def test_every_plugin_config_field_is_documented(registry):
     classes = plugin_config_classes(registry)
     assert {"generation:hf", "generation:vllm", "policy:hf", "estimator:grpo", "environment:reverse_digits"} <= classes.keys()
-    assert {name: undocumented(cls) for name, cls in classes.items() if undocumented(cls)} == {}
+    assert {name: undocumented_options(cls) for name, cls in classes.items() if undocumented_options(cls)} == {}
 
 
 @attrs.frozen
@@ -453,4 +438,4 @@ class _Outer:
 
 
 def test_documentation_check_flags_undocumented_fields():
-    assert undocumented(_Outer) == ["inner.a", "b"]
+    assert undocumented_options(_Outer) == ["inner.a", "b"]

@@ -6,23 +6,13 @@ from __future__ import annotations
 import pytest
 
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.plugins.registry import Registry
+from conftest import config_problems
 
 
 @pytest.fixture(scope="module")
 def registry():
     return Registry.discover()
-
-
-def problems(registry, *overrides) -> dict[str, str]:
-    """Key -> every message about it, joined."""
-    with pytest.raises(ConfigError) as info:
-        load_config(None, list(overrides), registry)
-    found: dict[str, str] = {}
-    for key, message in info.value.problems:
-        found[key] = f"{found[key]} | {message}" if key in found else message
-    return found
 
 
 @pytest.mark.parametrize("overrides, key, text", [
@@ -63,13 +53,13 @@ def problems(registry, *overrides) -> dict[str, str]:
     (["loss_fn.use_cispo=true", "loss_fn.ratio_clip_c=3"], "loss_fn.ratio_clip_c", "use_cispo"),
 ])
 def test_incompatible_switches_are_config_errors(registry, overrides, key, text):
-    found = problems(registry, *overrides)
+    found = config_problems(registry, *overrides)
     assert key in found, found
     assert text in found[key]
 
 
 def test_every_problem_is_reported_at_once(registry):
-    found = problems(registry, "grpo.batch_multiplier=2", "loss_fn.ratio_clip_c=0.5", "loss_fn.use_kl_in_reward=true",
+    found = config_problems(registry, "grpo.batch_multiplier=2", "loss_fn.ratio_clip_c=0.5", "loss_fn.use_kl_in_reward=true",
                      "grpo.advantage_clip_low=1", "grpo.advantage_clip_high=0")
     assert {"grpo.batch_multiplier", "loss_fn.ratio_clip_c", "loss_fn.use_kl_in_reward",
             "grpo.advantage_clip_low"} <= set(found)
@@ -105,7 +95,7 @@ def test_config_validate_reports_algorithm_problems_without_torch(tmp_path):
 
 
 def test_a_dataset_environment_without_validation_data_names_the_switches_that_are_on(registry):
-    found = problems(registry, "env.name=math", "data.train_path=train.jsonl", "grpo.val_period=0")
+    found = config_problems(registry, "env.name=math", "data.train_path=train.jsonl", "grpo.val_period=0")
     assert found["data.validation_path"].endswith(
         "(grpo.val_at_end=true): environment 'math' does not generate prompts; set grpo.val_at_end=false to train "
         "without validation")

@@ -19,9 +19,10 @@ import torch
 
 from grpo_sdk.core.checkpoint import CheckpointManager
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.errors import ConfigError, GrpoSdkError, PluginError
+from grpo_sdk.core.errors import GrpoSdkError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationOutput
 from grpo_sdk.plugins.registry import Registry
+from conftest import config_problems
 from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.runtime.groups import merge_environment_returns, merge_generation_outputs, split_rows
 from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
@@ -104,25 +105,19 @@ def test_environment_returns_are_merged_in_order_with_size_weighted_metrics():
         merge_environment_returns([a, EnvironmentReturn(rewards={"other": [0.0]})], [3, 1], [[{}] * 3, [{}]])
 
 
-def problems_of(*overrides):
-    with pytest.raises(ConfigError) as info:
-        load_config(None, list(overrides), Registry.discover())
-    return dict(info.value.problems)
-
-
 def test_config_checks_of_the_runtime(monkeypatch):
-    local = problems_of("cluster.policy_workers=2", "cluster.env_workers=3", "cluster.address=auto")
+    local = config_problems(Registry.discover(), "cluster.policy_workers=2", "cluster.env_workers=3", "cluster.address=auto")
     assert "need cluster.runtime=ray" in local["cluster.policy_workers"]
     assert "cluster.env_workers" in local and "cluster.address" in local
 
-    ray = problems_of(*RAY, "cluster.policy_workers=3", "policy.train_global_batch_size=64",
+    ray = config_problems(Registry.discover(), *RAY, "cluster.policy_workers=3", "policy.train_global_batch_size=64",
                       "cluster.generation_workers=200", "cluster.num_nodes=2")
     assert "must divide the rollout batch" in ray["cluster.policy_workers"]
     assert "divisible by cluster.policy_workers (3)" in ray["policy.train_global_batch_size"]
     assert "at most as many replicas as rows" in ray["cluster.generation_workers"]
     assert "cluster.address" in ray["cluster.num_nodes"]
 
-    gpus = problems_of(*RAY, "cluster.gpus_per_node=2", "cluster.policy_workers=2", "cluster.generation_workers=2",
+    gpus = config_problems(Registry.discover(), *RAY, "cluster.gpus_per_node=2", "cluster.policy_workers=2", "cluster.generation_workers=2",
                        "policy.generation.colocated.enabled=false")
     assert "needs 4" in gpus["cluster.gpus_per_node"]
     load_config(None, [*RAY, "cluster.gpus_per_node=2", "cluster.policy_workers=2", "cluster.generation_workers=2"],
@@ -133,7 +128,7 @@ def test_config_checks_of_the_runtime(monkeypatch):
     real = md.version
     monkeypatch.setattr(md, "version", lambda name: (_ for _ in ()).throw(md.PackageNotFoundError(name))
                         if name == "ray" else real(name))
-    assert "pip install 'grpo-sdk[ray]'" in problems_of(*RAY)["cluster.runtime"]
+    assert "pip install 'grpo-sdk[ray]'" in config_problems(Registry.discover(), *RAY)["cluster.runtime"]
 
 
 def test_importing_the_runtime_and_validating_a_ray_config_do_not_import_ray():

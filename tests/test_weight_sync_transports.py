@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.plugins.registry import Registry
+from conftest import config_problems
 from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.weight_sync import collective, cuda_ipc
 from grpo_sdk.weight_sync.collective import describe, plan_buckets, unpack
@@ -100,15 +100,6 @@ def registry():
     return Registry.discover()
 
 
-def problems(registry, *overrides) -> dict[str, str]:
-    with pytest.raises(ConfigError) as info:
-        load_config(None, list(overrides), registry)
-    found: dict[str, str] = {}
-    for key, message in info.value.problems:
-        found[key] = f"{found[key]} | {message}" if key in found else message
-    return found
-
-
 def test_both_transports_are_installed_entry_points(registry):
     for name, capability in (("collective", "collective"), ("cuda_ipc", "cuda_ipc")):
         info = registry.info("weight_sync", name)
@@ -118,7 +109,7 @@ def test_both_transports_are_installed_entry_points(registry):
 
 
 def test_collective_needs_the_ray_runtime(registry):
-    found = problems(registry, "weight_sync.backend=collective")
+    found = config_problems(registry, "weight_sync.backend=collective")
     assert "needs cluster.runtime=ray" in found["weight_sync.backend"]
     assert "inprocess" in found["weight_sync.backend"]
     load_config(None, [*RAY, *TWO_BY_TWO, "weight_sync.backend=collective"], registry)  # gloo on CPUs
@@ -131,7 +122,7 @@ def test_collective_needs_the_ray_runtime(registry):
     (["cluster.gpus_per_node=2"], "nccl cannot put two ranks on one GPU"),  # colocated by default
 ])
 def test_collective_over_nccl_needs_gpus_that_are_not_shared(registry, overrides, text):
-    found = problems(registry, *RAY, "weight_sync.backend=collective", "weight_sync.collective.backend=nccl",
+    found = config_problems(registry, *RAY, "weight_sync.backend=collective", "weight_sync.collective.backend=nccl",
                      *overrides)
     assert text in found["weight_sync.collective.backend"]
 
@@ -147,7 +138,7 @@ GPU_COLOCATED = [*RAY, "cluster.gpus_per_node=2", *TWO_BY_TWO, "weight_sync.back
     ([*GPU_COLOCATED, "cluster.policy_workers=1"], ["cluster.generation_workers (2) <= cluster.policy_workers (1)"]),
 ])
 def test_cuda_ipc_is_refused_without_ray_gpus_and_colocation(registry, overrides, needs):
-    message = problems(registry, *overrides)["weight_sync.backend"]
+    message = config_problems(registry, *overrides)["weight_sync.backend"]
     assert message.startswith("'cuda_ipc' shares GPU memory between processes on one GPU; it needs ")
     for text in needs:
         assert text in message
@@ -160,7 +151,7 @@ def test_cuda_ipc_needs_a_generation_backend_that_declares_it(registry, monkeypa
     real = registry.info
     monkeypatch.setattr(registry, "info", lambda kind, name: plain if (kind, name) == ("generation", "hf")
                         else real(kind, name))
-    message = problems(registry, *GPU_COLOCATED)["weight_sync.backend"]
+    message = config_problems(registry, *GPU_COLOCATED)["weight_sync.backend"]
     assert "a generation backend that declares the cuda_ipc capability ('hf' does not)" in message
 
 
