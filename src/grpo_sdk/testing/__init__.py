@@ -455,11 +455,7 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
 def _check_built(trainer: Any, kind: str, name: str, registry: Registry) -> None:
     """The run built the component under test (a runtime wrapper would hide it; local runs do not)."""
     impl = registry.load_impl(kind, name)
-    if kind == "logger":
-        built = trainer.loggers
-    else:
-        built = [getattr(trainer, {"estimator": "estimator", "environment": "environment", "generation": "generation",
-                                   "policy": "policy", "weight_sync": "weight_sync"}[kind])]
+    built = trainer.loggers if kind == "logger" else [getattr(trainer, kind)]  # the trainer names them by kind
     if inspect.isclass(impl) and not any(isinstance(obj, impl) for obj in built):
         raise ContractError(f"the run did not use {_label(kind, name)}: it built {[type(o).__name__ for o in built]}; "
                     f"do the overrides select another {KIND_LABELS[kind]}?")
