@@ -110,6 +110,32 @@ def config_problems(registry, *overrides: str) -> dict[str, str]:
     return found
 
 
+def prompt_batch(tokenizer, texts):
+    """Left-padded ``GenerationInput`` of ``texts``, as the loop builds it."""
+    from grpo_sdk.core.records import GenerationInput
+    from grpo_sdk.core.rollout import left_pad
+
+    ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
+    return GenerationInput(input_ids=ids, attention_mask=mask)
+
+
+def train_batch(inputs, out):
+    """A ``TrainBatch`` of prompts + sampled responses (loss on the response tokens only)."""
+    import torch
+
+    from grpo_sdk.core.records import TrainBatch
+
+    width = out.response_ids.shape[1]
+    response_mask = (torch.arange(width)[None] < out.response_lengths[:, None]).long()
+    rows = inputs.input_ids.shape[0]
+    return TrainBatch(
+        input_ids=torch.cat([inputs.input_ids, out.response_ids], 1),
+        attention_mask=torch.cat([inputs.attention_mask, response_mask], 1),
+        token_mask=torch.cat([torch.zeros_like(inputs.input_ids), response_mask], 1).float(),
+        sample_mask=torch.ones(rows), generation_logprobs=torch.cat([torch.zeros(inputs.input_ids.shape), out.logprobs], 1),
+        group_ids=torch.zeros(rows, dtype=torch.long), rewards=torch.zeros(rows))
+
+
 def small_trainer(registry, run_dir, model_dir, *overrides):
     """A set-up GRPOTrainer on the built-in recipe with a local model and 4 x 4 rollouts."""
     from grpo_sdk.core.config_loader import load_config

@@ -10,10 +10,10 @@ from grpo_sdk.backends.hf.generation import HFGeneration
 from grpo_sdk.backends.hf.policy import HFPolicy, lr_lambda
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.records import GenerationInput, SamplingParams, TrainBatch
-from grpo_sdk.core.rollout import left_pad
+from grpo_sdk.core.records import SamplingParams, TrainBatch
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.weight_sync.inprocess import InProcessWeightSync
+from conftest import prompt_batch, train_batch
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +28,6 @@ def make_context(model_dir, registry, *overrides, kl=0.0):
                       device="cpu", seed=0, needs_reference=kl > 0)
 
 
-def prompts(tokenizer, texts):
-    ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
-    return GenerationInput(input_ids=ids, attention_mask=mask)
-
-
-def to_batch(inputs, out):
-    width = out.response_ids.shape[1]
-    response_mask = (torch.arange(width)[None] < out.response_lengths[:, None]).long()
-    rows = inputs.input_ids.shape[0]
-    return TrainBatch(
-        input_ids=torch.cat([inputs.input_ids, out.response_ids], 1),
-        attention_mask=torch.cat([inputs.attention_mask, response_mask], 1),
-        token_mask=torch.cat([torch.zeros_like(inputs.input_ids), response_mask], 1).float(),
-        sample_mask=torch.ones(rows), generation_logprobs=torch.cat([torch.zeros(inputs.input_ids.shape), out.logprobs], 1),
-        group_ids=torch.zeros(rows, dtype=torch.long), rewards=torch.zeros(rows))
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from grpo_sdk.core.models import load_tokenizer
@@ -55,7 +38,7 @@ def tokenizer(tiny_model_dir):
 def test_each_row_stops_at_its_first_stop_token(tiny_model_dir, registry, tokenizer):
     gen = HFGeneration(None, make_context(tiny_model_dir, registry))
     digits = tuple(tokenizer.convert_tokens_to_ids(list("0123456789")))
-    inputs = prompts(tokenizer, ["12345>"] * 64)
+    inputs = prompt_batch(tokenizer, ["12345>"] * 64)
     out = gen.generate(inputs, SamplingParams(max_new_tokens=6, stop_token_ids=digits))
     stops = set(digits) | {tokenizer.eos_token_id}
     assert out.response_ids.shape[0] == 64 and out.response_ids.shape[1] <= 6
@@ -83,9 +66,9 @@ def test_generation_logprobs_equal_the_policys(tiny_model_dir, registry, tokeniz
     overrides = [f"policy.generation.{k}={v}" for k, v in sampling.items()]
     context = make_context(tiny_model_dir, registry, *overrides)
     gen, policy = HFGeneration(None, context), HFPolicy(None, context)
-    inputs = prompts(tokenizer, ["1>", "12345>", "987>", "55555555>"] * 8)
+    inputs = prompt_batch(tokenizer, ["1>", "12345>", "987>", "55555555>"] * 8)
     out = gen.generate(inputs, SamplingParams(max_new_tokens=8, **sampling))
-    batch = to_batch(inputs, out)
+    batch = train_batch(inputs, out)
     policy_logprobs = policy.logprobs(batch)
     mask = batch.token_mask.bool()
     torch.testing.assert_close(policy_logprobs[mask], batch.generation_logprobs[mask], atol=2e-5, rtol=0)
@@ -94,8 +77,8 @@ def test_generation_logprobs_equal_the_policys(tiny_model_dir, registry, tokeniz
 
 def test_left_padding_does_not_change_logprobs(tiny_model_dir, registry, tokenizer):
     policy = HFPolicy(None, make_context(tiny_model_dir, registry))
-    alone = prompts(tokenizer, ["12>34"])
-    padded = prompts(tokenizer, ["12>34", "1234567>89"])
+    alone = prompt_batch(tokenizer, ["12>34"])
+    padded = prompt_batch(tokenizer, ["12>34", "1234567>89"])
     def logprobs(inputs):
         rows = inputs.input_ids.shape[0]
         return policy.logprobs(TrainBatch(
@@ -108,7 +91,7 @@ def test_left_padding_does_not_change_logprobs(tiny_model_dir, registry, tokeniz
 
 def test_sampling_is_reproducible_from_the_seed(tiny_model_dir, registry, tokenizer):
     context = make_context(tiny_model_dir, registry)
-    inputs = prompts(tokenizer, ["12345>"] * 16)
+    inputs = prompt_batch(tokenizer, ["12345>"] * 16)
     first = HFGeneration(None, context).generate(inputs, SamplingParams(max_new_tokens=5))
     second = HFGeneration(None, context).generate(inputs, SamplingParams(max_new_tokens=5))
     assert torch.equal(first.response_ids, second.response_ids)
@@ -119,8 +102,8 @@ def test_training_then_weight_sync_makes_generation_match_the_policy(tiny_model_
 
     context = make_context(tiny_model_dir, registry, "policy.optimizer.lr=0.01", kl=0.1)
     gen, policy = HFGeneration(None, context), HFPolicy(None, context)
-    inputs = prompts(tokenizer, ["12345>"] * 8)
-    batch = to_batch(inputs, gen.generate(inputs, SamplingParams(max_new_tokens=5)))
+    inputs = prompt_batch(tokenizer, ["12345>"] * 8)
+    batch = train_batch(inputs, gen.generate(inputs, SamplingParams(max_new_tokens=5)))
     batch.advantages = torch.randn(8, 1).expand_as(batch.token_mask).contiguous()
     reference_before = policy.reference_logprobs(batch)
     batch.reference_logprobs = reference_before
@@ -137,7 +120,7 @@ def test_training_then_weight_sync_makes_generation_match_the_policy(tiny_model_
     assert all(torch.equal(t, policy_state[n]) for n, t in gen.model.state_dict().items())
     out = gen.generate(inputs, SamplingParams(max_new_tokens=5))
     assert out.weight_version == 1
-    synced = to_batch(inputs, out)
+    synced = train_batch(inputs, out)
     mask = synced.token_mask.bool()
     torch.testing.assert_close(policy.logprobs(synced)[mask], synced.generation_logprobs[mask], atol=2e-5, rtol=0)
 
@@ -196,8 +179,8 @@ def test_bfloat16_policy_trains(tiny_model_dir, registry, tokenizer):
 
     context = make_context(tiny_model_dir, registry, "policy.precision=bfloat16")
     gen, policy = HFGeneration(None, context), HFPolicy(None, context)
-    inputs = prompts(tokenizer, ["12345>"] * 4)
-    batch = to_batch(inputs, gen.generate(inputs, SamplingParams(max_new_tokens=5)))
+    inputs = prompt_batch(tokenizer, ["12345>"] * 4)
+    batch = train_batch(inputs, gen.generate(inputs, SamplingParams(max_new_tokens=5)))
     batch.advantages = torch.randn(4, 1).expand_as(batch.token_mask).contiguous()
     metrics = policy.train(batch, ClippedPGLoss(context.config.loss_fn))
     assert next(policy.model.parameters()).dtype == torch.bfloat16 and metrics["grad_norm"] > 0
@@ -213,9 +196,9 @@ def test_compiled_generation_agrees_with_the_policy(tiny_model_dir, registry, to
     context = make_context(tiny_model_dir, registry, "policy.generation.temperature=0.8")
     gen, policy = HFGeneration(HFGenerationConfig(compile=True), context), HFPolicy(None, context)
     for texts in (["1>", "12345>", "987>", "55555555>"] * 4, ["12>", "3456>"] * 8):  # two prompt widths
-        inputs = prompts(tokenizer, texts)
+        inputs = prompt_batch(tokenizer, texts)
         out = gen.generate(inputs, SamplingParams(max_new_tokens=6, temperature=0.8))
-        batch = to_batch(inputs, out)
+        batch = train_batch(inputs, out)
         mask = batch.token_mask.bool()
         assert mask.sum() > 0
         torch.testing.assert_close(policy.logprobs(batch)[mask], batch.generation_logprobs[mask], atol=2e-5, rtol=0)

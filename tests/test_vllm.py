@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from conftest import prompt_batch, train_batch
+
 pytestmark = pytest.mark.vllm
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed here; the vLLM lane runs these (.ci/vllm-lane)")
@@ -73,30 +75,6 @@ def engine(registry, model_dir):
     generation.shutdown()
 
 
-def batch_of(tokenizer, texts):
-    from grpo_sdk.core.records import GenerationInput
-    from grpo_sdk.core.rollout import left_pad
-
-    ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
-    return GenerationInput(input_ids=ids, attention_mask=mask)
-
-
-def train_batch(inputs, out):
-    import torch
-
-    from grpo_sdk.core.records import TrainBatch
-
-    width = out.response_ids.shape[1]
-    response_mask = (torch.arange(width)[None] < out.response_lengths[:, None]).long()
-    rows = inputs.input_ids.shape[0]
-    return TrainBatch(
-        input_ids=torch.cat([inputs.input_ids, out.response_ids], 1),
-        attention_mask=torch.cat([inputs.attention_mask, response_mask], 1),
-        token_mask=torch.cat([torch.zeros_like(inputs.input_ids), response_mask], 1).float(),
-        sample_mask=torch.ones(rows), generation_logprobs=torch.cat([torch.zeros(inputs.input_ids.shape), out.logprobs], 1),
-        group_ids=torch.zeros(rows, dtype=torch.long), rewards=torch.zeros(rows))
-
-
 @needs_vllm
 def test_samples_stop_at_eos_and_logprobs_match_the_policy(engine):
     import torch
@@ -104,7 +82,7 @@ def test_samples_stop_at_eos_and_logprobs_match_the_policy(engine):
     from grpo_sdk.core.records import SamplingParams
 
     generation, policy, tokenizer, cfg = engine
-    inputs = batch_of(tokenizer, ["1>", "12345>", "987>", "5555555>"] * 8)
+    inputs = prompt_batch(tokenizer, ["1>", "12345>", "987>", "5555555>"] * 8)
     digits = tuple(tokenizer.convert_tokens_to_ids(list("0123")))
     out = generation.generate(inputs, SamplingParams(max_new_tokens=8, temperature=0.8, top_k=8, top_p=0.95,
                                                      stop_token_ids=digits))
@@ -127,7 +105,7 @@ def test_weight_sync_makes_greedy_outputs_equal(registry, model_dir):
     from grpo_sdk.weight_sync.inprocess import InProcessWeightSync
 
     generation, policy, tokenizer, cfg = make(registry, model_dir, "policy.optimizer.lr=0.05")
-    inputs = batch_of(tokenizer, ["12345>", "97531>"] * 4)
+    inputs = prompt_batch(tokenizer, ["12345>", "97531>"] * 4)
     before = generation.generate(inputs, SamplingParams(max_new_tokens=6, temperature=1.0))
     batch = train_batch(inputs, before)
     batch.advantages = torch.randn(8, 1).expand_as(batch.token_mask).contiguous()
