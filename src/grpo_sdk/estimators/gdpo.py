@@ -13,7 +13,7 @@ normalises each component inside its group first:
 3. ``A = sum_k w_k A_k`` (``w`` all 1 when ``reward_weights`` is null);
 4. whitening over the whole batch: ``A <- (A - mean A) / std A`` with torch's unbiased std and **no
    epsilon** when that std is > 0, else only ``A <- A - mean A`` (a batch of one row has a NaN std
-   and takes this branch, giving 0);
+   and takes this branch, giving 0); float64 on deviations, rounded once at the end;
 5. broadcast unmasked over the row's tokens.
 
 The ``rewards`` argument is ignored: the advantage is built from the components alone, so whatever
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.estimators.grpo import grpo_advantages
+from grpo_sdk.algorithms.statistics import whiten
+from grpo_sdk.estimators.grpo import grpo_advantages64
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig
 
 
@@ -63,21 +64,22 @@ class GDPOEstimator:
 
         valid = extras.get("valid_mask")
         total: torch.Tensor | None = None
+        dtype: torch.dtype | None = None  # of the result: the components' common float dtype
         for name, weight in zip(names, weights):  # a handful of components: the loop is not over samples
             r = components[name]
             if not r.is_floating_point():  # bool/int scores: baselines and stds need a float dtype
                 r = r.to(torch.get_default_dtype())
+            dtype = r.dtype if dtype is None else torch.promote_types(dtype, r.dtype)
             if r.shape != (len(mask),):
                 raise ValueError(f"reward component {name!r} has shape {tuple(r.shape)}, expected ({len(mask)},)")
-            part = weight * grpo_advantages(r, group_ids, normalize_rewards=self.config.normalize_rewards,
-                                            leave_one_out=self.config.use_leave_one_out_baseline,
-                                            valid_mask=None if valid is None else valid.to(r.dtype))
+            part = weight * grpo_advantages64(r, group_ids, normalize_rewards=self.config.normalize_rewards,
+                                              leave_one_out=self.config.use_leave_one_out_baseline,
+                                              valid_mask=None if valid is None else valid.to(r.dtype))
             total = part if total is None else total + part
-        assert total is not None
+        assert total is not None and dtype is not None
 
-        # Whiten over every row of the batch. Unbiased std, no epsilon: a batch whose combined
-        # advantage is constant (std 0) is only centred. A single row has no unbiased std (torch gives
-        # NaN, and NaN > 0 is False upstream); 0 takes the same branch without torch's warning.
-        std = total.std() if total.numel() > 1 else total.new_zeros(())
-        total = (total - total.mean()) / std if std > 0 else total - total.mean()
+        # Whiten over every row of the batch, in float64 on deviations (a constant combination gives
+        # exactly 0). Unbiased std, no epsilon: a batch whose combined advantage is constant (std 0)
+        # is only centred; a single row has no unbiased std and takes the same branch, giving 0.
+        total = whiten(total, unbiased=True).to(dtype)
         return total[:, None].expand(mask.shape).contiguous()

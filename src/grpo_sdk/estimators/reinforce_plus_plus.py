@@ -10,10 +10,16 @@ arXiv:2501.03262). With ``m`` the ``[B, S]`` mask (token mask times sample mask)
    KL is taken on the input-aligned ``prev_logprobs`` / ``reference_logprobs`` as given, so every
    position (masked or not) gets a value; the loss then zeroes its own KL term for this case;
 3. global masked whitening: ``mu = sum(a m) / sum(m)``, ``v = sum((a - mu)^2 m) / sum(m)`` (the
-   **biased** variance), ``a <- (a - mu) * rsqrt(max(v, 1e-8))``. Masked positions are transformed
-   too (not zeroed): the loss masks them.
+   **biased** variance), ``a <- (a - mu) * rsqrt(max(v, 1e-8))``, in float64 on deviations
+   (``grpo_sdk.algorithms.statistics.whiten``), so equal advantages whiten to exactly 0. Masked
+   positions are transformed too (not zeroed): the loss masks them; they never enter ``mu``/``v``.
 
-Deliberate deviations from upstream, both on inputs upstream mishandles silently:
+Deliberate deviations from upstream (docs/decisions.md):
+
+* the in-reward KL uses ``loss_fn.kl_input_clamp_value`` / ``kl_output_clamp_value``, the same
+  clamps as the KL in the loss; upstream always uses 20 / 10 here, whatever the config says;
+
+and two on inputs upstream mishandles silently:
 
 * a mask with no valid token raises ``ValueError`` (upstream divides by zero and returns NaN
   advantages, which then poison the optimizer step);
@@ -27,10 +33,11 @@ from typing import Any
 
 import torch
 
-from grpo_sdk.algorithms.loss import calculate_kl, masked_mean
+from grpo_sdk.algorithms.loss import calculate_kl
+from grpo_sdk.algorithms.statistics import whiten
 from grpo_sdk.core.config import LossConfig
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.estimators.grpo import baseline_and_std_per_group
+from grpo_sdk.estimators.grpo import grpo_advantages
 from grpo_sdk.estimators.specs import ReinforcePlusPlusConfig
 
 
@@ -52,10 +59,8 @@ class ReinforcePlusPlusEstimator:
                            **extras: Any) -> torch.Tensor:
         if self.config.minus_baseline:
             valid = extras.get("valid_mask")
-            baseline, _ = baseline_and_std_per_group(rewards, group_ids,
-                                                     None if valid is None else valid.to(rewards.dtype),
-                                                     leave_one_out=False)
-            advantages = rewards - baseline
+            advantages = grpo_advantages(rewards, group_ids, normalize_rewards=False, leave_one_out=False,
+                                         valid_mask=None if valid is None else valid.to(rewards.dtype))
         else:
             advantages = rewards
         advantages = advantages[:, None].expand(mask.shape)
@@ -78,7 +83,6 @@ class ReinforcePlusPlusEstimator:
             raise ValueError("reinforce_plus_plus cannot whiten advantages: the mask has no valid token (every "
                              "row is empty or dropped by sample_mask); upstream NeMo-RL would return NaN here.")
         # Biased (population) variance over the valid tokens, floored at 1e-8 before the rsqrt, so a
-        # batch of equal advantages is only centred instead of divided by zero.
-        mean = masked_mean(advantages, mask)
-        var = masked_mean((advantages - mean).square(), mask)
-        return (advantages - mean) * var.clamp(min=1e-8).rsqrt()
+        # batch of equal advantages is only centred (to exactly 0: float64 deviations, divided by the
+        # valid count itself as upstream, not count + 1e-8).
+        return whiten(advantages, mask, unbiased=False, floor=1e-8).to(advantages.dtype)
