@@ -73,7 +73,7 @@ def test_ppo_clip_matches_upstream():
     assert (metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"]) == pytest.approx((0.8, 1.2))
     assert metrics["clip_fraction"] == pytest.approx(2 / 3, abs=1e-4)
     assert metrics["num_valid_samples"] == 1.0
-    assert "is_oob_ratio" not in metrics and "positive_nll_loss" not in metrics
+    assert "is_oob_ratio" not in metrics and metrics["positive_nll_loss"] == 0.0  # upstream logs it always
 
 
 def test_clip_higher_uses_the_asymmetric_bound():
@@ -186,6 +186,34 @@ def test_kl_output_clamp_applies_after_the_weight_and_stops_its_gradient():
     kl = calculate_kl(logprobs, torch.zeros(1), "k3", None, 1.0, 100.0 * torch.exp(logprobs - logprobs.detach()))
     kl.sum().backward()
     assert kl.item() == 1.0 and logprobs.grad.item() == 0.0
+
+
+@pytest.mark.parametrize("weights", ["score_function", "on_policy", None])
+def test_an_overflowing_kl_without_input_clamp_has_a_finite_gradient_where_the_output_clamp_bites(weights):
+    """k3's exp(ref - c) is inf in float32 past 88.7; the output clamp makes the value finite, and the
+    gradient there must be 0, not 0 * inf = NaN (upstream's is NaN)."""
+    logprobs = torch.tensor([-2.1, -100.27, -1.0], requires_grad=True)
+    ref = torch.tensor([-2.2, -3.9, -1.5])
+    w = {"score_function": torch.exp(logprobs - logprobs.detach()), "on_policy": torch.exp(logprobs + 1.0),
+         None: None}[weights]
+    kl = calculate_kl(logprobs, ref, "k3", input_clamp_value=None, output_clamp_value=1.0, importance_weights=w)
+    kl.sum().backward()
+    assert kl[1].item() == 1.0 and torch.isfinite(kl).all()
+    assert torch.isfinite(logprobs.grad).all() and logprobs.grad[1] == 0
+    expected = logprobs.detach().clone().requires_grad_(True)  # unclamped positions: the plain formula
+    w2 = None if w is None else {"score_function": torch.exp(expected - expected.detach()),
+                                 "on_policy": torch.exp(expected + 1.0)}[weights]
+    plain = calculate_kl(expected, ref, "k3", None, None, w2)
+    plain[[0, 2]].sum().backward()
+    torch.testing.assert_close(kl.detach()[[0, 2]], plain.detach()[[0, 2]])
+    torch.testing.assert_close(logprobs.grad[[0, 2]], expected.grad[[0, 2]])
+
+
+def test_an_overflowing_kl_in_the_loss_gives_a_finite_loss_and_gradient():
+    data = batch(row([0.0]), row([-100.27]), row([-100.27]), ref=row([-3.9]))
+    fn = loss_fn(reference_policy_kl_penalty=0.1, kl_input_clamp_value=None, kl_output_clamp_value=1.0)
+    g = grad(fn, row([-100.27]), data)
+    assert torch.isfinite(g).all()
 
 
 def test_unfiltered_logprobs_feed_only_the_kl_term():

@@ -122,7 +122,24 @@ def test_seq_logprob_error_threshold_boundary_and_none():
     kept, _ = mask_by_seq_logprob_error(errors, valid, t([1]), t([0]), threshold=1.5)  # exp(0.4) <= 1.5
     assert kept.tolist() == [1.0]
     same, metrics = mask_by_seq_logprob_error(errors, valid, t([1]), t([0]), threshold=None)
-    assert same.tolist() == [1.0] and "num_masked_seqs_by_logprob_error" not in metrics
+    assert same.tolist() == [1.0] and metrics["num_masked_seqs_by_logprob_error"] == 0  # upstream logs 0
+    assert metrics["mean_seq_mult_prob_error_after_mask"] == metrics["mean_seq_mult_prob_error"]
+
+
+@pytest.mark.parametrize("prev, gen", [([0.0, -1.0], [0.0, math.nan]), ([0.0, -math.inf], [0.0, -math.inf])])
+def test_a_nan_error_at_a_valid_token_is_masked(prev, gen):
+    """NaN > threshold is False: the row must still leave the loss (as upstream and the in-loss filter do)."""
+    token_mask = t([[0, 1]])
+    errors, valid = seq_logprob_errors(t([prev]), t([gen]), token_mask, t([1]))
+    kept, metrics = mask_by_seq_logprob_error(errors, valid, t([1]), t([1]), threshold=1.5)
+    assert kept.tolist() == [0.0] and metrics["num_masked_seqs_by_logprob_error"] == 1
+    assert metrics["masked_correct_pct"] == 1.0 and metrics["max_seq_mult_prob_error_after_mask"] == 0.0
+
+
+def test_masked_correct_pct_is_an_exact_fraction():
+    errors, valid = t([5.0] * 5), torch.ones(5, dtype=torch.bool)
+    _, metrics = mask_by_seq_logprob_error(errors, valid, t([1] * 5), t([1, 0, 0, 0, 0]), threshold=2.0)
+    assert metrics["masked_correct_pct"] == 0.2  # not 0.20000000298 (float32)
 
 
 def test_already_masked_rows_stay_masked_and_are_not_counted():

@@ -82,25 +82,37 @@ def calculate_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, kl_ty
     With ``l = ref - logprobs``: k1 = -l, k2 = l^2 / 2, k3 = e^l - 1 - l. The weight multiplies
     before the output clamp; where either clamp bites, no gradient flows through KL or weight.
     """
+    if kl_type not in _KL_ESTIMATORS:
+        raise ValueError(f"unknown KL type {kl_type!r}; expected k1, k2 or k3")
+    estimate = _KL_ESTIMATORS[kl_type]
     log_ratio = reference_logprobs - logprobs
     if input_clamp_value is not None:
         clamped = log_ratio.clamp(-input_clamp_value, input_clamp_value)
         if importance_weights is not None:  # no gradient through the weight where the input was clamped
             importance_weights = torch.where(clamped != log_ratio, importance_weights.detach(), importance_weights)
         log_ratio = clamped
-    if kl_type == "k1":
-        kl = -log_ratio
-    elif kl_type == "k2":
-        kl = log_ratio.square() / 2
-    elif kl_type == "k3":
-        kl = log_ratio.exp() - 1 - log_ratio
-    else:
-        raise ValueError(f"unknown KL type {kl_type!r}; expected k1, k2 or k3")
-    if importance_weights is not None:
-        kl = importance_weights * kl
-    if output_clamp_value is not None:
-        kl = kl.clamp(-output_clamp_value, output_clamp_value)
-    return kl
+
+    def weighted(x: torch.Tensor) -> torch.Tensor:
+        return estimate(x) if importance_weights is None else importance_weights * estimate(x)
+
+    kl = weighted(log_ratio)
+    if output_clamp_value is None:
+        return kl
+    if input_clamp_value is not None:
+        return kl.clamp(-output_clamp_value, output_clamp_value)
+    # Unclamped inputs can overflow (k3: exp(l) is inf in float32 past l = 88.7) exactly where the output
+    # clamp discards the value, and 0 * inf in the backward pass would make the gradient NaN (upstream's
+    # does). Those positions take the clamp's value with no gradient, from a harmless recomputation.
+    beyond = kl.detach().abs() > output_clamp_value
+    harmless = weighted(torch.where(beyond, torch.zeros_like(log_ratio), log_ratio))
+    return torch.where(beyond, kl.detach().clamp(-output_clamp_value, output_clamp_value), harmless)
+
+
+_KL_ESTIMATORS = {
+    "k1": lambda log_ratio: -log_ratio,
+    "k2": lambda log_ratio: log_ratio.square() / 2,
+    "k3": lambda log_ratio: log_ratio.exp() - 1 - log_ratio,
+}
 
 
 class _Means:
@@ -237,8 +249,7 @@ class ClippedPGLoss:
                        "approx_entropy": -means.tokens(torch.exp(curr - gen) * curr), **counts}
             if is_oob is not None:
                 metrics["is_oob_ratio"] = is_oob
-            if mu > 0:
-                metrics["positive_nll_loss"] = nll
+            metrics["positive_nll_loss"] = nll  # 0 when the NLL is off, as upstream logs it
             values = torch.stack([v.detach().reshape(()).double() for v in metrics.values()]).tolist()  # one sync
         return loss, dict(zip(metrics, values))
 

@@ -85,9 +85,10 @@ def seq_logprob_errors(prev_logprobs: torch.Tensor, generation_logprobs: torch.T
 
 def mask_by_seq_logprob_error(errors: torch.Tensor, valid: torch.Tensor, sample_mask: torch.Tensor,
                               rewards: torch.Tensor, threshold: float | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Drop rows whose error exceeds ``threshold`` from the loss; always report the statistics.
+    """Drop rows whose error exceeds ``threshold`` (or is NaN) from the loss; always report the statistics.
 
-    Rows without valid tokens are kept (their error is 0) and left out of the statistics.
+    Rows without valid tokens are kept (their error is 0) and left out of the statistics. Without a
+    threshold nothing is dropped and the ``_after_mask`` statistics equal the others, as upstream logs them.
     """
     def stats(keep: torch.Tensor, suffix: str) -> dict[str, float]:
         chosen = errors[keep]
@@ -97,14 +98,15 @@ def mask_by_seq_logprob_error(errors: torch.Tensor, valid: torch.Tensor, sample_
                 f"mean_seq_mult_prob_error{suffix}": float(chosen.mean()),
                 f"min_seq_mult_prob_error{suffix}": float(chosen.min())}
 
-    metrics = stats(valid, "")
     if threshold is None:
-        return sample_mask, metrics
-    rejected = valid & (errors > threshold) & (sample_mask > 0)
+        rejected = torch.zeros_like(valid)
+    else:  # "not <=" rather than ">": a NaN error (a NaN or -inf logprob at a valid token) is rejected too
+        rejected = valid & ~(errors <= threshold) & (sample_mask > 0)
     new_mask = sample_mask * (~rejected).to(sample_mask.dtype)
     num_masked = int(rejected.sum())
+    metrics = stats(valid, "")
     metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
-    metrics["masked_correct_pct"] = float((rewards[rejected] == 1).float().mean()) if num_masked else 0.0
+    metrics["masked_correct_pct"] = int((rewards[rejected] == 1).sum()) / num_masked if num_masked else 0.0
     metrics.update(stats(valid & (new_mask > 0), "_after_mask"))
     return new_mask, metrics
 
