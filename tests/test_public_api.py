@@ -120,7 +120,8 @@ HOOKS = {
     "grpo_step_end": ("run", "step", "metrics"),
 }
 
-EXIT_CODES = {"OK": 0, "FAILED": 1, "USAGE": 2, "PLUGIN": 3, "ENVIRONMENT": 4, "INTERRUPTED": 130}
+EXIT_CODES = {"OK": 0, "FAILED": 1, "USAGE": 2, "PLUGIN": 3, "ENVIRONMENT": 4, "INTERRUPTED": 130, "HANGUP": 129,
+              "TERMINATED": 143}
 
 ENTRY_POINT_GROUPS = {
     "generation": "grpo_sdk.generation",

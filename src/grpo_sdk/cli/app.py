@@ -14,6 +14,7 @@ import typer
 from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
+from grpo_sdk.core.signals import STOP, StopNow, exit_code_of
 
 app = typer.Typer(
     name="grpoctl",
@@ -50,6 +51,10 @@ app.command("export", epilog=EPILOG)(export_cmd.export)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `grpoctl` script: loads hook plugins, then runs the command."""
+    # First thing: a stop signal from here on is honoured (immediately until a training loop is
+    # ready to stop at a step boundary), including one that arrives while torch imports.
+    STOP.reset()
+    STOP.install()
     from grpo_sdk.plugins.host import PluginHost
 
     STATE.host, STATE.registry = PluginHost(), None
@@ -66,9 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         app(args=argv, standalone_mode=True)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt as exc:  # a stop signal outside a command body (start-up, plugin loading)
+        print("interrupted", file=sys.stderr)
+        return exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED)
     except Exception:  # noqa: BLE001 - last resort: a bug, not a user error
         traceback.print_exc()
         return int(ExitCode.FAILED)
+    finally:
+        STOP.uninstall()
     return 0
 
 

@@ -8,9 +8,10 @@ from typing import Any, Callable
 import typer
 
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
+from grpo_sdk.core.signals import StopNow, exit_code_of
 
 EPILOG = ("Exit codes: 0 ok, 1 run failed, 2 usage or config error, 3 plugin error, "
-          "4 doctor check failed, 130 interrupted.")
+          "4 doctor check failed, 130 interrupted (SIGINT), 143 terminated (SIGTERM), 129 hung up (SIGHUP).")
 
 
 class _State:
@@ -48,6 +49,6 @@ def guarded(fn: Callable[[], Any]) -> Any:
         return fn()
     except GrpoSdkError as exc:
         fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # StopNow carries the signal: exit 128 + its number
         print("interrupted", file=sys.stderr)
-        raise typer.Exit(int(ExitCode.INTERRUPTED))
+        raise typer.Exit(exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,8 @@ import typer
 
 from grpo_sdk.cli.common import STATE, get_registry, guarded
 from grpo_sdk.core.errors import ConfigError
+from grpo_sdk.core.run_dir import RunLock, check_storage
+from grpo_sdk.core.signals import STOP, exit_code_of
 
 
 def run(
@@ -44,7 +47,50 @@ def run(
 
 
 def _fail_resume(run_dir: Path) -> None:
-    raise ConfigError([("--resume", f"{run_dir} is not a run directory (no config.resolved.yaml)")])
+    if not run_dir.is_dir():
+        raise ConfigError([("--resume", f"{run_dir} does not exist or is not a directory")])
+    if any(run_dir.iterdir()):  # a run that was stopped before it could write its config
+        raise ConfigError([("--resume", f"{run_dir} holds no config.resolved.yaml: the run there stopped before "
+                                        "it wrote its config, so it never trained and there is nothing to resume. "
+                                        f"Start it again with `grpoctl run [-c ...] --run-dir {run_dir}`")])
+    raise ConfigError([("--resume", f"{run_dir} is not a run directory (it is empty)")])
+
+
+def _finished_message(manager, cfg) -> str | None:
+    """Torch-free: "already finished" when the latest checkpoint is at max_num_steps and verifies."""
+    import json
+
+    from grpo_sdk.core.checkpoint import STATE_FILE, verify
+
+    latest = manager.latest()
+    try:
+        step = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))["step"] if latest else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # damaged: the trainer's verification reports it and falls back
+    if not isinstance(step, int) or step < cfg.grpo.max_num_steps or verify(latest) is not None:
+        return None
+    return (f"the run already finished: its latest checkpoint ({latest}) is at step {step} and "
+            f"grpo.max_num_steps is {cfg.grpo.max_num_steps}; nothing to do. Raise grpo.max_num_steps to train further.")
+
+
+def _import_plugin_module(name: str) -> None:
+    """``-p NAME``: import it, finding NAME.py in the current directory too, but after installed packages
+    and only for this import (a ./tokenizers.py must not shadow the real one for the whole run)."""
+    import importlib
+
+    from grpo_sdk.core.errors import PluginError
+
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.append(os.getcwd())
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - whatever the module raises, the user asked for it by name
+        raise PluginError(f"-p {name}: the hook plugin module could not be imported: {type(exc).__name__}: {exc}"
+                          ) from exc
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
 
 
 def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
@@ -53,9 +99,8 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
     from grpo_sdk.core.config_loader import load_config
 
     registry = get_registry()
-    if plugin_modules and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `-p my_module` finds my_module.py in the current directory
     for module in plugin_modules:
+        _import_plugin_module(module)
         STATE.host.load_module(module)
     if plugin_modules:  # the new modules may register components or config sections
         from grpo_sdk.plugins.registry import Registry
@@ -63,7 +108,14 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
         registry = STATE.registry = Registry.discover(host=STATE.host)
     cfg = load_config(files, overrides, registry)
     run_dir = run_dir or Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
-    resume = resume or CheckpointManager(cfg.checkpointing, run_dir).latest() is not None
+    manager = CheckpointManager(cfg.checkpointing, run_dir)
+    check_storage(run_dir, manager.directory if cfg.checkpointing.enabled else None)
+    RunLock(run_dir).acquire()  # held until the process exits; before anything reads or writes the run dir
+    resume = resume or manager.latest() is not None
+    if resume and (message := _finished_message(manager, cfg)):
+        manager.remove_partial()  # a kill while the last save pruned may have left a half-deleted one
+        print(message)
+        return
     if (run_dir / "metrics.jsonl").exists() and not resume:
         raise ConfigError([("--run-dir", f"{run_dir} already holds a run without a checkpoint (metrics.jsonl); "
                                          "choose another directory, or restart it with --resume")])
@@ -88,8 +140,13 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
             summary = trainer.train(on_step=reporter.update)
     finally:
         trainer.shutdown()
+    if summary.status == "already_finished":
+        print(f"the run in {run_dir} already finished at step {summary.steps}; nothing to do")
+        return
     ending = {"early_stop": " (early stop: validation threshold reached)",
-              "deadline": " (stopped to meet checkpointing.checkpoint_must_save_by)"}.get(summary.status, "")
+              "deadline": " (stopped to meet checkpointing.checkpoint_must_save_by)",
+              "interrupted": f" (stopped by {summary.reason}; resume with grpoctl run --resume {run_dir})",
+              }.get(summary.status, "")
     print(f"\nreward {summary.reward_first:.3f} -> {summary.reward_last:.3f} (first step -> mean of the last "
           f"{min(10, summary.steps)}) in {summary.steps} steps, {summary.seconds:.1f} s{ending}")
     if summary.validation:
@@ -101,6 +158,9 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
     if summary.checkpoint:
         print(f"checkpoint: {summary.checkpoint} (policy/ is a Hugging Face model directory; "
               f"grpoctl export {summary.run_dir} DIR copies it)")
+    if summary.status == "interrupted":
+        print("interrupted", file=sys.stderr)
+        raise typer.Exit(exit_code_of(STOP.signum or signal.SIGINT))
 
 
 def _fields(metrics: dict[str, float]) -> tuple[float, float, float]:

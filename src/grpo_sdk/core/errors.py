@@ -17,7 +17,9 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad flags or a bad config (Click's convention for usage errors)
     PLUGIN = 3  # a requested component is unknown, broken, missing requirements or incompatible
     ENVIRONMENT = 4  # a doctor check failed
-    INTERRUPTED = 130  # Ctrl-C
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + 2
+    HANGUP = 129  # SIGHUP: the terminal closed
+    TERMINATED = 143  # SIGTERM: a scheduler's preemption notice
 
 
 class GrpoSdkError(Exception):

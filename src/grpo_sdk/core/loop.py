@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -44,8 +45,18 @@ from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import SamplingParams
 from grpo_sdk.core.rollout import RolloutBatch, collect_rollouts, rollout_metrics
 from grpo_sdk.core.run import RunSummary, dump_batch, restore_checkpoint, run_training
+from grpo_sdk.core.run_dir import RunLock, check_storage, write_text_atomic
+from grpo_sdk.core.signals import STOP
 from grpo_sdk.recipes.tiny_model import resolve_model_path
 from grpo_sdk.runtime import make_runtime
+
+
+def checkpoint_bytes(model_path: str, cfg: MasterConfig) -> int:
+    """About what one checkpoint of this model takes: weights, plus AdamW's two moments when saved."""
+    path = Path(model_path)
+    weights = sum(p.stat().st_size for p in path.glob("*.safetensors")) + sum(
+        p.stat().st_size for p in path.glob("*.bin")) if path.is_dir() else 0
+    return weights * (3 if cfg.checkpointing.save_optimizer else 1)
 
 
 def pick_device(requested: str) -> str:
@@ -84,13 +95,20 @@ class GRPOTrainer:
             torch.set_num_threads(cfg.cluster.num_threads)
         random.seed(cfg.grpo.seed)
         torch.manual_seed(cfg.grpo.seed)
+        check_storage(self.run_dir, self.checkpoints.directory if cfg.checkpointing.enabled else None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.resolved.yaml").write_text(to_yaml(cfg))
-        (self.run_dir / "plugins.json").write_text(json.dumps(self._plugin_versions(), indent=2) + "\n")
+        self.locks = [RunLock(self.run_dir).acquire()]
+        if cfg.checkpointing.enabled and self.checkpoints.directory.resolve().parent != self.run_dir.resolve():
+            self.locks.append(RunLock(self.checkpoints.directory).acquire())  # shared elsewhere: guard it too
+        write_text_atomic(self.run_dir / "config.resolved.yaml", to_yaml(cfg))
+        write_text_atomic(self.run_dir / "plugins.json", json.dumps(self._plugin_versions(), indent=2) + "\n")
 
         self.checkpoints.remove_partial()
-        latest = self.checkpoints.latest() if self.resume else None
+        latest = self.checkpoints.latest_verified(warn=lambda m: print(m, file=sys.stderr, flush=True)) \
+            if self.resume else None
         model_path = resolve_model_path(cfg.policy.model_name, self.run_dir, cfg.grpo.seed)
+        if cfg.checkpointing.enabled:  # room for one checkpoint, before hours of training make one
+            check_storage(self.run_dir, self.checkpoints.directory, checkpoint_bytes(model_path, cfg))
         self.context = RunContext(
             resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
             config=cfg, run_dir=self.run_dir, model_path=model_path,
@@ -101,6 +119,7 @@ class GRPOTrainer:
             registry=self.registry,
         )
         self.runtime = make_runtime(cfg, self.registry)
+        STOP.reinstall()  # ray.init installs a SIGTERM handler of its own
         self.policy = self._build("policy", cfg.policy)
         self.generation = self._build("generation", cfg.policy.generation)
         self.environment = self._build("environment", cfg.env)
@@ -261,11 +280,16 @@ class GRPOTrainer:
         return run_training(self, on_step)
 
     def shutdown(self) -> None:
-        for component in ("generation", "policy", "teacher"):
-            obj = getattr(self, component, None)
-            if obj is not None:
-                obj.shutdown()
-        if hasattr(getattr(self, "environment", None), "shutdown"):  # e.g. the math verifier's worker pool
-            self.environment.shutdown()
-        if getattr(self, "runtime", None) is not None:
-            self.runtime.shutdown()
+        try:
+            for component in ("generation", "policy", "teacher"):
+                obj = getattr(self, component, None)
+                if obj is not None:
+                    obj.shutdown()
+            if hasattr(getattr(self, "environment", None), "shutdown"):  # e.g. the math verifier's worker pool
+                self.environment.shutdown()
+            if getattr(self, "runtime", None) is not None:
+                self.runtime.shutdown()
+        finally:
+            for lock in getattr(self, "locks", []):
+                lock.release()
+            self.locks = []

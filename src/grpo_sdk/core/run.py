@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,14 +23,16 @@ from safetensors.torch import load_file, save_file
 
 from grpo_sdk.core.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.core.config_checks import parse_duration
-from grpo_sdk.core.errors import NonFiniteError
+from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.rollout import RolloutBatch, example_of
+from grpo_sdk.core.run_dir import write_text_atomic
+from grpo_sdk.core.signals import STOP, signal_name
 from grpo_sdk.core.validation import validate
 
 
 @attrs.frozen(kw_only=True)
 class RunSummary:
-    status: str  # completed, early_stop, deadline, interrupted
+    status: str  # completed, early_stop, deadline, interrupted, already_finished
     steps: int
     seconds: float  # wall time of this process's training
     reward_first: float  # mean reward of the first step: the starting level
@@ -41,33 +41,11 @@ class RunSummary:
     run_dir: Path
     checkpoint: Path | None  # the latest checkpoint: policy/ inside is a Hugging Face model directory
     example: dict[str, Any] | None  # one sample of the last step
+    reason: str | None = None  # why an interrupted run stopped: the signal's name (SIGTERM, SIGINT, SIGHUP)
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "run_dir": str(self.run_dir),
                 "checkpoint": str(self.checkpoint) if self.checkpoint else None}
-
-
-class StopRequests:
-    """First Ctrl-C: finish the step, save, exit 130. Second Ctrl-C: stop at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.previous: Any = None
-
-    def __enter__(self) -> StopRequests:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)", flush=True)
 
 
 # --- checkpoint contents ------------------------------------------------------------------------
@@ -130,6 +108,12 @@ def dump_batch(path: Path, rollouts: RolloutBatch, batch: Any) -> None:
 # --- the run ----------------------------------------------------------------------------------------
 
 
+def finished(trainer: Any) -> bool:
+    """The run already reached its end (a resumed run with nothing left to do)."""
+    grpo = trainer.config.grpo
+    return trainer.step >= grpo.max_num_steps or trainer.prompts.epoch >= grpo.max_num_epochs
+
+
 def run_training(trainer: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
     cfg = trainer.config
     grpo, ckpt = cfg.grpo, cfg.checkpointing
@@ -139,10 +123,16 @@ def run_training(trainer: Any, on_step: Callable[[int, dict[str, float]], None] 
     deadline = parse_duration(ckpt.checkpoint_must_save_by) if ckpt.checkpoint_must_save_by else None
     status, error, rollouts, last_saved, validated_step = "failed", None, None, None, None
     step_seconds = 0.0
+    if finished(trainer):  # resuming a finished run: nothing to log, nothing to save again
+        return _summary(trainer, "already_finished", start, None)
 
     def log(step: int, metrics: dict[str, float]) -> None:
         for logger in trainer.loggers:
-            logger.log_metrics(step, metrics)
+            try:
+                logger.log_metrics(step, metrics)
+            except OSError as exc:  # disk full, a vanished mount: name the file, keep the last checkpoint
+                raise GrpoSdkError(f"could not write the metrics of step {step}: {exc}; the latest checkpoint "
+                                   f"({manager.latest()}) is intact, resume from it once the storage is fixed") from exc
 
     def run_validation(step: int) -> dict[str, float]:
         metrics, batches = validate(trainer, step)
@@ -161,9 +151,15 @@ def run_training(trainer: Any, on_step: Callable[[int, dict[str, float]], None] 
         hooks.checkpoint_saved(run=trainer, step=trainer.step, path=str(path))
         return path
 
+    own_handlers = not STOP.installed and STOP.install()  # a library caller gets the same signal handling
+    if own_handlers:
+        STOP.reset()
     hooks.run_start(run=trainer)
     try:
-        with StopRequests() as stop:
+        STOP.deferred = True  # from here a first stop signal waits for the end of the step
+        if STOP.requested:  # it came while the run started (and was swallowed there): no step, no save
+            status = "interrupted"
+        else:
             if grpo.val_at_start and trainer.step == 0 and trainer.val_prompts:
                 log(0, run_validation(0))
             metrics: dict[str, float] = {}
@@ -189,36 +185,45 @@ def run_training(trainer: Any, on_step: Callable[[int, dict[str, float]], None] 
                 step_seconds = max(step_seconds, time.perf_counter() - tick)
                 early = validated and reached(grpo, trainer.last_validation)
                 late = deadline is not None and time.perf_counter() - start + 2 * step_seconds > deadline
-                if step % ckpt.save_period == 0 or early or late or stop.requested:
+                if step % ckpt.save_period == 0 or early or late or STOP.requested:
                     save(metrics)
-                if stop.requested:
-                    status = "interrupted"
-                    raise KeyboardInterrupt
-                if early or late:
-                    status = "early_stop" if early else "deadline"
+                if STOP.requested or early or late:
+                    status = "interrupted" if STOP.requested else "early_stop" if early else "deadline"
                     break
             else:
                 status = "completed"
                 if grpo.val_at_end and trainer.val_prompts and trainer.step and validated_step != trainer.step:
                     log(trainer.step, run_validation(trainer.step))  # the run ended by epochs, not steps
             save(metrics)
-    except KeyboardInterrupt as exc:
-        status, error = "interrupted", exc
-        raise
     except BaseException as exc:
-        error = exc
+        status, error = ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"), exc
+        if isinstance(exc, KeyboardInterrupt):  # stopped at once: say so in summary.json, then stop
+            _summary(trainer, status, start, rollouts)
         raise
     finally:
+        STOP.deferred = False
+        if own_handlers:
+            STOP.uninstall()
         for logger in trainer.loggers:
             logger.close()
         hooks.run_end(run=trainer, status=status, error=error)
+    return _summary(trainer, status, start, rollouts)
+
+
+def _summary(trainer: Any, status: str, start: float, rollouts: RolloutBatch | None) -> RunSummary:
+    """The run's summary, also written to ``summary.json`` (atomically; a write error is reported, not raised)."""
     tail = trainer.reward_tail
     summary = RunSummary(status=status, steps=trainer.step, seconds=time.perf_counter() - start,
                          reward_first=trainer.reward_first if trainer.reward_first is not None else math.nan,
                          reward_last=sum(tail) / len(tail) if tail else math.nan,
-                         validation=trainer.last_validation, run_dir=trainer.run_dir, checkpoint=manager.latest(),
-                         example=example_of(rollouts))
-    (trainer.run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+                         validation=trainer.last_validation, run_dir=trainer.run_dir,
+                         checkpoint=trainer.checkpoints.latest(), example=example_of(rollouts),
+                         reason=signal_name(STOP.signum) if status == "interrupted" and STOP.signum else None)
+    if status != "already_finished":
+        try:
+            write_text_atomic(trainer.run_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+        except OSError as exc:
+            print(f"grpo-sdk: warning: could not write {trainer.run_dir / 'summary.json'}: {exc}", flush=True)
     return summary
 
 

@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any
 
+from grpo_sdk.core.run_dir import write_text_atomic
+
 
 def _jsonable(value: float) -> Any:
     # JSON has no NaN or infinity; write them as strings rather than produce invalid JSON.
@@ -40,4 +42,4 @@ def keep_steps_up_to(path: Any, step: int) -> None:
             continue
         if isinstance(record, dict) and step > 0 and record.get("step", 0) <= step:
             kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    write_text_atomic(path, "".join(line + "\n" for line in kept))  # a kill here must not lose the kept lines

@@ -69,6 +69,15 @@ def resolve_model_path(model_name: str, run_dir: str | Path, seed: int) -> str:
         raise ConfigError([("policy.model_name", f"unknown built-in model {name!r}; "
                                                  f"built-ins: {', '.join(sorted(BUILTIN_MODELS))}")])
     out = Path(run_dir) / "initial_model"
-    if not (out / "config.json").is_file():
-        BUILTIN_MODELS[name](out, seed)
+    if not out.is_dir():  # built aside, then renamed: a kill mid-write never leaves half a model behind
+        import shutil
+
+        from grpo_sdk.core.checkpoint import fsync_tree
+        from grpo_sdk.core.run_dir import replace_dir
+
+        staging = Path(run_dir) / ".initial_model.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        BUILTIN_MODELS[name](staging, seed)
+        fsync_tree(staging)
+        replace_dir(staging, out)
     return str(out)
