@@ -27,6 +27,7 @@ This is a test fixture, not part of grpo-sdk: it patches private functions by na
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -101,6 +102,7 @@ checkpoint_module.CheckpointManager._remove = _remove
 _build = tiny_model.BUILTIN_MODELS["tiny-gpt2"]
 
 
+@functools.wraps(_build)  # keeps the signature: config checks read the built-in model's defaults from it
 def _build_then_fault(out_dir, seed, **kwargs):
     out = _build(out_dir, seed, **kwargs)
     (out / "tokenizer.json").unlink()  # as if the kill came before the tokenizer was saved

@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return int(ExitCode.FAILED)
     finally:
-        STOP.uninstall()
+        if STOP.requested:  # exiting because of a signal: a repeat must not kill the process mid-exit
+            STOP.exiting = True
+        else:
+            STOP.uninstall()
     return 0
 
 

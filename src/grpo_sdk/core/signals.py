@@ -44,6 +44,7 @@ class StopRequests:
         self.signum: int | None = None  # the first stop signal received
         self.deferred = False  # True while a training loop will honour a request at its next safe point
         self.installed = False
+        self.exiting = False  # the process is on its way out because of a signal: ignore more of them
         self._previous: dict[int, Any] = {}
 
     @property
@@ -75,9 +76,11 @@ class StopRequests:
         self.installed = False
 
     def reset(self) -> None:
-        self.signum, self.deferred = None, False
+        self.signum, self.deferred, self.exiting = None, False, False
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.exiting:
+            return
         if self.signum is not None or not self.deferred:
             self.signum = self.signum or signum
             raise StopNow(signum)
