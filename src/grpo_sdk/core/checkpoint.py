@@ -195,13 +195,14 @@ class CheckpointManager:
             write_json_atomic(self.directory / STATUS_FILE, {
                 "last_checkpoint_step": step, "last_successful_ckpt_save_completion": time.time(),
                 "path": str(final)})
-        except OSError as exc:
+        except Exception as exc:  # OSError, or a backend's own I/O error (safetensors raises SafetensorError)
             shutil.rmtree(partial, ignore_errors=True)
             previous = self.latest()
+            detail = f"{exc.strerror} ({exc.filename or partial})" if isinstance(exc, OSError) else \
+                f"{type(exc).__name__}: {exc}"
             raise CheckpointWriteError(
-                f"could not write the checkpoint of step {step} to {partial}: {exc.strerror or exc} "
-                f"({exc.filename or partial}); the latest checkpoint is still "
-                f"{previous if previous else 'none'}. Free space or fix the storage, then resume.") from exc
+                f"could not write the checkpoint of step {step} to {partial}: {detail}; the latest checkpoint "
+                f"is still {previous if previous else 'none'}. Free space or fix the storage, then resume.") from exc
         self.prune()
         return final
 

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import attrs
 import torch
+from safetensors import SafetensorError
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss
 from grpo_sdk.algorithms.rewards import (
@@ -100,13 +101,16 @@ class GRPOTrainer:
         self.locks = [RunLock(self.run_dir).acquire()]
         if cfg.checkpointing.enabled and self.checkpoints.directory.resolve().parent != self.run_dir.resolve():
             self.locks.append(RunLock(self.checkpoints.directory).acquire())  # shared elsewhere: guard it too
-        write_text_atomic(self.run_dir / "config.resolved.yaml", to_yaml(cfg))
-        write_text_atomic(self.run_dir / "plugins.json", json.dumps(self._plugin_versions(), indent=2) + "\n")
-
-        self.checkpoints.remove_partial()
+        try:  # disk full or a vanished mount before the first step: a clear error, not a traceback
+            write_text_atomic(self.run_dir / "config.resolved.yaml", to_yaml(cfg))
+            write_text_atomic(self.run_dir / "plugins.json", json.dumps(self._plugin_versions(), indent=2) + "\n")
+            self.checkpoints.remove_partial()
+            model_path = resolve_model_path(cfg.policy.model_name, self.run_dir, cfg.grpo.seed)
+        except (OSError, SafetensorError) as exc:  # safetensors reports ENOSPC as its own error type
+            detail = f"{exc.strerror} ({exc.filename or self.run_dir})" if isinstance(exc, OSError) else str(exc)
+            raise GrpoSdkError(f"could not write to the run directory {self.run_dir}: {detail}") from exc
         latest = self.checkpoints.latest_verified(warn=lambda m: print(m, file=sys.stderr, flush=True)) \
             if self.resume else None
-        model_path = resolve_model_path(cfg.policy.model_name, self.run_dir, cfg.grpo.seed)
         if cfg.checkpointing.enabled:  # room for one checkpoint, before hours of training make one
             check_storage(self.run_dir, self.checkpoints.directory, checkpoint_bytes(model_path, cfg))
         self.context = RunContext(

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import shutil
+import time
 from pathlib import Path
 
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError
@@ -54,7 +55,7 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = _holder_pid(fd)
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
@@ -77,6 +78,16 @@ class RunLock:
             os.close(entry[0])  # closing the descriptor drops the flock
             del self._held[self._key]
         self._key = None
+
+
+def _holder_pid(fd: int) -> str:
+    """The holder writes its pid right after it takes the lock; give it a moment to do so."""
+    for _ in range(50):
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if text:
+            return text
+        time.sleep(0.02)
+    return "unknown"
 
 
 def fsync_dir(path: Path) -> None:
