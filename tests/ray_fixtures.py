@@ -58,13 +58,14 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     site.add("grpo-test-stall-env",
              entry_points={"grpo_sdk.environments": {"stall_digits": "grpo_test_stall_env:SPEC"}},
              files={"grpo_test_stall_env.py": STALL_ENV})
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written to ~/.ray for a private test cluster
-    started = not ray.is_initialized()
-    if started:
+    from grpo_sdk.runtime.ray_runtime import start_local_cluster
+
+    cluster = None
+    if not ray.is_initialized():  # as the runtime starts one: loopback only, token auth, a watchdog
         pythonpath = os.pathsep.join(filter(None, [str(site.root), os.environ.get("PYTHONPATH")]))
-        ray.init(num_cpus=8, object_store_memory=300 * 1024 * 1024, include_dashboard=False,
-                 logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
+        cluster = start_local_cluster(
+            num_cpus=8, object_store_memory=300 * 1024 * 1024, include_dashboard=False, logging_level=logging.WARNING,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}})
     yield RayCluster(site=site.root)
-    if started:
-        ray.shutdown()
+    if cluster is not None:
+        cluster.stop()

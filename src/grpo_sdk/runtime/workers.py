@@ -64,6 +64,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LISTENING = "grpo_sdk.runtime.listening"  # worker.state key: port -> a listening socket kept for a TCPStore
+
+
+def tcp_store(worker: Any, host: str, port: int, *, is_master: bool, timeout: datetime.timedelta,
+              world_size: int | None = None) -> Any:
+    """A ``torch.distributed.TCPStore`` at ``host:port``; the master serves it on the socket its
+    ``store_address`` opened, on the node's address only. Left to itself a TCPStore listens on every
+    interface, and anyone who reaches it can read and write its keys."""
+    import torch.distributed as dist
+
+    sock = worker.state.get(LISTENING, {}).pop(port, None) if is_master else None
+    if is_master and sock is None:
+        raise RuntimeError(f"no listening socket for port {port} in this worker (pid {os.getpid()}): the master of a "
+                           "store must be the worker whose store_address gave its address")
+    fd = sock.detach() if sock is not None else None  # the store owns it from here
+    return dist.TCPStore(host, port, world_size, is_master, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=fd)
+
+
 def worker_registry(hook_modules: tuple[str, ...] = (), sys_path: tuple[str, ...] = ()) -> Any:
     """The registry a worker builds: installed entry points plus the driver's ``-p`` hook modules."""
     import sys
@@ -114,6 +133,17 @@ class ComponentWorker:
         """An address on this worker's node where a rendezvous can listen (rank 0 of a group)."""
         return node_ip(), free_port()
 
+    def store_address(self) -> tuple[str, int]:
+        """The address of a TCPStore this worker will serve (``tcp_store(..., is_master=True)``): a
+        socket listening on the node's address only, kept until then (so no other process takes the port)."""
+        host = node_ip()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((host, 0))
+        sock.listen(1024)
+        port = int(sock.getsockname()[1])
+        self.state.setdefault(LISTENING, {})[port] = sock
+        return host, port
+
     def setup(self, spec: WorkerSpec) -> dict[str, Any]:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the CLI does in the driver
         import random
@@ -157,10 +187,11 @@ class ComponentWorker:
         backend = "nccl" if self.device == "cuda" else "gloo"
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray hands each rank its own GPU as device 0
-        dist.init_process_group(backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                                rank=spec.rank, world_size=spec.world_size,
-                                # Longer than the driver's deadline, which fires first and names the stuck rank.
-                                timeout=datetime.timedelta(seconds=cluster.call_timeout_s + 60))
+        # Longer than the driver's deadline, which fires first and names the stuck rank.
+        timeout = datetime.timedelta(seconds=cluster.call_timeout_s + 60)
+        store = tcp_store(self, str(spec.master_addr), int(spec.master_port), is_master=spec.rank == 0,
+                          world_size=spec.world_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout)
 
     # --- calls ----------------------------------------------------------------------------------
 
@@ -244,6 +275,11 @@ def state_dict_op(worker: ComponentWorker) -> dict[str, Any]:
 def address_op(worker: ComponentWorker) -> tuple[str, int]:
     """An ``(ip, free port)`` on this worker's node, for a rendezvous (e.g. a weight-broadcast group)."""
     return worker.free_address()
+
+
+def store_address_op(worker: ComponentWorker) -> tuple[str, int]:
+    """The address of a TCPStore this worker will serve on its node's address only (``tcp_store``)."""
+    return worker.store_address()
 
 
 def attribute_op(worker: ComponentWorker, name: str) -> Any:

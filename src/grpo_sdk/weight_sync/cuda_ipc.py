@@ -9,17 +9,24 @@ Each sync, every policy rank drains ``named_weights()`` (a collective under FSDP
 the full tensors), and each rank i that has a replica on its GPU packs the tensors, in order, into
 flat uint8 GPU buffers of ``bucket_mb`` MiB (a larger tensor gets a buffer of its own; the same
 bucketing rule as the collective transport), and publishes each buffer as a CUDA IPC handle
-(``torch.multiprocessing.reductions.reduce_tensor``: a picklable ``(rebuild_fn, args)``) with the
-names, shapes, dtypes and offsets of its tensors. Replica i opens the handle (``rebuild_fn(*args)``:
-a tensor on the sender's memory, no copy), hands views of it to its backend's ``update_weights``
+with the names, shapes, dtypes and offsets of its tensors. Replica i opens the handle (a tensor on
+the sender's memory, no copy), hands views of it to its backend's ``update_weights``
 (which copies them into its parameters), waits for those copies, drops the views and
 acknowledges. The sender keeps a buffer alive until its acknowledgement, and holds at most two.
 
-The handles and acknowledgements travel through a ``TCPStore`` that policy rank 0 hosts (keys
-``<group>/<sync>/<pair>/bucket/<k>`` and ``.../done/<k>``); every blocking store call has the
+The handles and acknowledgements travel through a ``TCPStore`` that policy rank 0 hosts on its
+node's address only (``workers.tcp_store``; keys ``<group>/<sync>/<pair>/bucket/<k>`` and
+``.../done/<k>``); every blocking store call has the
 store's timeout, 60 s beyond the sync's deadline, so the driver's deadline, which names the stuck
 worker, fires first. At the first sync every participant reports its node and GPU UUID, and the
 transport refuses to run unless replica i and policy rank i are on the same GPU.
+
+Wire format: nothing read from the store is unpickled (anyone who can reach its port could write to
+it). A bucket is JSON: ``{"format", "handle", "entries"}``. The handle is the plain data of
+``torch.multiprocessing.reductions.reduce_tensor`` (integers, booleans, and the CUDA handles as
+base64 bytes); the receiver checks every field's type and range, refuses anything else with an
+error naming the field, and rebuilds the tensor with ``rebuild_cuda_tensor`` and classes of its
+own choosing (a plain ``torch.Tensor`` of uint8), never a function or class named by the payload.
 
 Caveats: CUDA IPC does not work with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` on
 torch versions that cannot export such segments; each GPU's memory must hold, during a sync, the
@@ -28,9 +35,12 @@ policy's gathered tensors, two buffers and the generation weights.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import functools
+import json
+import math
 import os
-import pickle
 import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator
@@ -42,29 +52,152 @@ from grpo_sdk.weight_sync.specs import CudaIPCWeightSyncConfig
 STATE_KEY = "grpo_sdk.weight_sync.cuda_ipc"
 GROUP_TIMEOUT_MARGIN_S = 60.0
 END = b"end"
+FORMAT = "grpo_sdk.cuda_ipc/1"
+MAX_HANDLE_BYTES = 4096  # a CUDA IPC memory or event handle is 64 bytes, a ref-counter name far less than this
 
 
 # --- CUDA IPC handles (the only GPU-specific part) ----------------------------------------------------
 
+# ``rebuild_cuda_tensor``'s data arguments, in order, after the six the receiver fixes itself (tensor
+# class, size, stride, offset, storage class, dtype: a flat uint8 buffer): (name, kind). "?" allows
+# null: torch's ``_share_cuda_`` leaves the handles and the event flag None for an empty storage.
+HANDLE_FIELDS = (("storage_device", "int"), ("storage_handle", "bytes?"), ("storage_size_bytes", "int"),
+                 ("storage_offset_bytes", "int"), ("requires_grad", "bool"), ("ref_counter_handle", "bytes?"),
+                 ("ref_counter_offset", "int"), ("event_handle", "bytes?"), ("event_sync_required", "bool?"))
 
-def share_cuda(buffer: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """A picklable ``(rebuild_fn, args)`` for a CUDA tensor; the sender must keep ``buffer`` alive."""
-    from torch.multiprocessing.reductions import reduce_tensor
 
-    return reduce_tensor(buffer)
+def share_cuda(buffer: Any) -> dict[str, Any]:
+    """The CUDA IPC handle of a flat uint8 CUDA buffer, as JSON data; the sender keeps ``buffer`` alive."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+    rebuild, args = reduce_tensor(buffer)
+    if (rebuild is not rebuild_cuda_tensor or len(args) != 6 + len(HANDLE_FIELDS) or args[0] is not torch.Tensor
+            or args[4] is not torch.storage.TypedStorage or args[5] != torch.uint8 or list(args[2]) != [1]):
+        raise RuntimeError(f"cuda_ipc: torch {torch.__version__} shares this buffer as {rebuild.__name__} with "
+                           f"{len(args)} arguments; this transport knows rebuild_cuda_tensor with "
+                           f"{6 + len(HANDLE_FIELDS)} (a flat torch.Tensor of uint8 on a TypedStorage)")
+    return encode_handle(int(args[1][0]), args[3], args[6:])
 
 
-def open_cuda(handle: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
-    """The sender's tensor, mapped into this process (no copy), on this process's current CUDA device.
+def encode_handle(length: int, offset: int, fields: tuple[Any, ...]) -> dict[str, Any]:
+    """JSON data for a flat buffer of ``length`` bytes at ``offset`` of its storage, and the
+    ``HANDLE_FIELDS`` values (bytes as base64)."""
+    handle: dict[str, Any] = {"length": length, "offset": offset}
+    for (name, _), value in zip(HANDLE_FIELDS, fields, strict=True):
+        handle[name] = base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+    return handle
 
-    Argument 6 of ``rebuild_cuda_tensor`` is the sender's device index; under Ray both processes see
-    their shared GPU as device 0, and the first sync checked that it is the same GPU (by UUID)."""
+
+def decode_handle(handle: Any) -> tuple[Any, ...]:
+    """``rebuild_cuda_tensor``'s arguments from a received handle, every field checked; ValueError if not."""
     import torch
 
-    rebuild, args = handle
-    args = list(args)
+    where = "cuda_ipc weight sync: a received CUDA IPC handle"
+    expected = {"length", "offset", *(name for name, _ in HANDLE_FIELDS)}
+    if not isinstance(handle, dict) or set(handle) != expected:
+        found = sorted(handle) if isinstance(handle, dict) else type(handle).__name__
+        raise ValueError(f"{where} has fields {found}; expected exactly {sorted(expected)}; refusing it")
+    fields = {name: _field(kind, handle[name], f"{where}: {name!r}") for name, kind in HANDLE_FIELDS}
+    length, offset = (_field("int", handle[name], f"{where}: {name!r}") for name in ("length", "offset"))
+    if fields["requires_grad"]:
+        raise ValueError(f"{where}: requires_grad is true; the sender shares plain buffers")
+    if offset + length > fields["storage_size_bytes"]:
+        raise ValueError(f"{where}: bytes {offset}..{offset + length} lie outside its storage of "
+                         f"{fields['storage_size_bytes']} bytes")
+    return (torch.Tensor, torch.Size([length]), (1,), offset, torch.storage.TypedStorage, torch.uint8,
+            *fields.values())
+
+
+def _field(kind: str, value: Any, where: str) -> Any:
+    """``value`` if it is of ``kind`` (``HANDLE_FIELDS``; base64 text decoded to bytes), else ValueError."""
+    if value is None and kind.endswith("?"):
+        return None
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value  # (a JSON true would pass isinstance(int): Python's bool is an int)
+    if kind.startswith("bool") and isinstance(value, bool):
+        return value
+    if kind.startswith("bytes") and isinstance(value, str):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except ValueError as exc:
+            raise ValueError(f"{where} is not base64 ({exc}); refusing it") from None
+        if len(raw) <= MAX_HANDLE_BYTES:
+            return raw
+    wanted = {"int": "a non-negative integer", "bool": "true or false", "bytes": f"base64 of at most "
+              f"{MAX_HANDLE_BYTES} bytes"}[kind.rstrip("?")] + (" or null" if kind.endswith("?") else "")
+    raise ValueError(f"{where} is {_short(value)}; expected {wanted}; refusing it")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def open_cuda(handle: Any) -> Any:
+    """The sender's buffer, mapped into this process (no copy), on this process's current CUDA device.
+
+    The storage's device index is the sender's; under Ray both processes see their shared GPU as
+    device 0, and the first sync checked that it is the same GPU (by UUID)."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    args = list(decode_handle(handle))
     args[6] = torch.cuda.current_device()
-    return rebuild(*args)
+    return rebuild_cuda_tensor(*args)
+
+
+# --- the bucket payload: JSON, checked field by field --------------------------------------------------
+
+
+def encode_bucket(handle: Any, entries: list[Entry]) -> bytes:
+    """A bucket's payload: the handle (JSON data from ``share``) and where each tensor lies in it."""
+    return json.dumps({"format": FORMAT, "handle": handle, "entries": [
+        {"name": e.name, "shape": list(e.shape), "dtype": str(e.dtype).removeprefix("torch."), "offset": e.offset,
+         "nbytes": e.nbytes} for e in entries]}).encode()
+
+
+def decode_bucket(payload: bytes) -> tuple[Any, list[Entry]]:
+    """``(handle, entries)`` of a payload, every entry checked; ValueError naming what is wrong."""
+    where = "cuda_ipc weight sync: a received bucket"
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not JSON ({exc}); refusing it") from None
+    if not isinstance(data, dict) or set(data) != {"format", "handle", "entries"} or data["format"] != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{where} is not a {FORMAT} payload (format {found!r}); refusing it")
+    if not isinstance(data["entries"], list):
+        raise ValueError(f"{where}: 'entries' is not a list")
+    return data["handle"], [_entry(item, f"{where}, entry {i}") for i, item in enumerate(data["entries"])]
+
+
+def _entry(item: Any, where: str) -> Entry:
+    keys = {"name", "shape", "dtype", "offset", "nbytes"}
+    if not isinstance(item, dict) or set(item) != keys:
+        raise ValueError(f"{where} is not an object with exactly the fields {sorted(keys)}; refusing it")
+    name, shape = item["name"], item["shape"]
+    if not isinstance(name, str):
+        raise ValueError(f"{where}: 'name' is {_short(name)}; expected text; refusing it")
+    where = f"{where} ({_short(name)})"
+    dtype = _dtypes().get(item["dtype"]) if isinstance(item["dtype"], str) else None
+    if dtype is None:
+        raise ValueError(f"{where}: dtype {_short(item['dtype'])} is not a torch dtype; refusing it")
+    if not isinstance(shape, list):
+        raise ValueError(f"{where}: shape {_short(shape)} is not a list; refusing it")
+    dims = tuple(_field("int", d, f"{where}: a dimension") for d in shape)
+    offset, nbytes = (_field("int", item[key], f"{where}: {key!r}") for key in ("offset", "nbytes"))
+    if nbytes != math.prod(dims) * dtype.itemsize:
+        raise ValueError(f"{where}: {nbytes} bytes do not hold a {list(dims)} {dtype} tensor; refusing it")
+    return Entry(name=name, shape=dims, dtype=dtype, offset=offset, nbytes=nbytes)
+
+
+@functools.cache
+def _dtypes() -> dict[str, Any]:
+    """torch's dtypes by name ("float32", "bfloat16", ...): a payload names one, never any other object."""
+    import torch
+
+    return {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 # --- the protocol (pure apart from the share/open functions; tested on the CPU) -----------------------
@@ -125,7 +258,7 @@ def send_buckets(weights: Iterable[tuple[str, Any]], channel: Channel, *, bucket
 
     def publish() -> None:
         _synchronize(device)  # the packing copies are done before the receiver reads (also for a reused block)
-        channel.publish(index, pickle.dumps((share(buffer), entries)))
+        channel.publish(index, encode_bucket(share(buffer), entries))
         held[index] = buffer
 
     for name, tensor in weights:
@@ -164,8 +297,12 @@ def receive_buckets(channel: Channel, *, open_: Callable[[Any], Any] = open_cuda
         if payload == END:
             return
         try:
-            handle, entries = pickle.loads(payload)
+            handle, entries = decode_bucket(payload)
             buffer = open_(handle)
+            outside = next((e for e in entries if e.offset + e.nbytes > buffer.numel()), None)
+            if outside is not None:
+                raise ValueError(f"cuda_ipc weight sync: {outside.name!r} at bytes {outside.offset}.."
+                                 f"{outside.offset + outside.nbytes} lies outside buffer {k} ({buffer.numel()} bytes)")
             views = [(entry.name, buffer[entry.offset:entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape))
                      for entry in entries]
         except Exception as exc:
@@ -205,16 +342,14 @@ def join_op(worker: Any, group_id: str, host: str, port: int, is_master: bool, t
     """Connect to the transport's store (policy rank 0 hosts it) as pair ``pair`` (a policy rank, or the
     replica index); (node, GPU UUID) for the placement check."""
     import torch
-    import torch.distributed as dist
 
-    from grpo_sdk.runtime.workers import node_ip
+    from grpo_sdk.runtime.workers import node_ip, tcp_store
 
     if worker.device != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(f"weight_sync.backend=cuda_ipc needs every worker on CUDA; this one (pid {os.getpid()}) "
                            f"runs on {worker.device}")
     worker.state.pop(STATE_KEY, None)
-    store = dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = tcp_store(worker, host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s))
     worker.state[STATE_KEY] = {"id": group_id, "store": store, "pair": pair}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     gpu = str(props.uuid) if getattr(props, "uuid", None) is not None else None
@@ -301,9 +436,9 @@ class CudaIPCWeightSync:
 
     def _connect(self, policy: Any, generation: Any) -> None:
         from grpo_sdk.core.errors import GrpoSdkError
-        from grpo_sdk.runtime.workers import address_op
+        from grpo_sdk.runtime.workers import store_address_op
 
-        host, port = self._wait(policy, policy.submit(address_op, ranks=[0], name="cuda_ipc_address"))[0]
+        host, port = self._wait(policy, policy.submit(store_address_op, ranks=[0], name="cuda_ipc_address"))[0]
         group_id = uuid.uuid4().hex[:12]
         ranks = len(policy.workers)
         calls = [call for group, count in ((policy, ranks), (generation, len(generation.workers)))
