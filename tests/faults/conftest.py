@@ -40,7 +40,8 @@ def sample(cases: list, ci: int, seed: int = 0) -> list:
 
 def env(**extra: str) -> dict[str, str]:
     out = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
+           # No empty entry: an empty PYTHONPATH component means "the current directory".
+           "PYTHONPATH": os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p), **extra}
     out.pop("GRPO_SDK_STRICT_PLUGINS", None)
     return out
 

@@ -81,6 +81,7 @@ class GRPOTrainer:
         self.reward_first: float | None = None
         self.reward_tail: list[float] = []  # the last 10 steps' mean rewards, for the summary
         self.last_validation: dict[str, float] = {}
+        self.reward_failures: list[tuple[int, int]] = []  # (failed, scored) of recent batches
         self.checkpoints = CheckpointManager(config.checkpointing, self.run_dir)
 
     def record_reward(self, reward: float) -> None:
@@ -194,6 +195,7 @@ class GRPOTrainer:
             self.next_group_id += draw
             self._process_rewards(rollouts)
             generated.append(rollouts)
+            self._check_reward_failures(rollouts)
             trivial = trivial_groups(rollouts.unshaped_rewards, rollouts.group_ids)
             if not dynamic:
                 return rollouts, {**rollout_metrics(generated, trivial), **env_metrics}
@@ -211,6 +213,24 @@ class GRPOTrainer:
             f"dynamic sampling found {found} of the {target_rows} rows it needs in {grpo.dynamic_sampling_max_gen_batches} "
             f"generation batches of {draw} prompts: every other prompt group had identical rewards. Raise "
             "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
+
+    def _check_reward_failures(self, rollouts: RolloutBatch) -> None:
+        """With env.on_reward_error=mask, stop a run whose rewards keep failing (instead of hundreds of
+        steps of `reward nan`): any batch where every sample failed, or too many over a window."""
+        env = self.config.env
+        failed, total = int((~rollouts.reward_valid).sum()), rollouts.batch_size
+        self.reward_failures = (self.reward_failures + [(failed, total)])[-env.failed_window_steps:]
+        window_failed = sum(f for f, _ in self.reward_failures)
+        window_total = sum(t for _, t in self.reward_failures)
+        if failed == total and total:
+            why = f"every one of the {total} samples of step {self.step + 1} failed to get a reward"
+        elif window_total and window_failed / window_total > env.max_failed_fraction:
+            why = (f"{window_failed} of the last {window_total} samples ({window_failed / window_total:.0%}) "
+                   f"failed to get a reward, more than env.max_failed_fraction={env.max_failed_fraction:g}")
+        else:
+            return
+        raise GrpoSdkError(f"environment {env.name!r}: {why} (env.on_reward_error=mask). The reward function is "
+                           "probably broken: run with env.on_reward_error=raise to see the first failure.")
 
     def _process_rewards(self, rollouts: RolloutBatch) -> None:
         grpo = self.config.grpo

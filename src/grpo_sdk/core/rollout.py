@@ -17,7 +17,7 @@ import torch
 from grpo_sdk.core.data import Prompt
 from grpo_sdk.core.errors import DataError, EnvironmentStepError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, SamplingParams, TrainBatch
-from grpo_sdk.runtime.deadlines import WorkerError
+from grpo_sdk.runtime.deadlines import CallTimeout, WorkerError
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -61,6 +61,32 @@ def _check_return(ret: Any, size: int) -> EnvironmentReturn:
     return ret
 
 
+def _as_reward(value: Any) -> float | None:
+    """A reward as a float, or None when it is not a finite real number (None, text, NaN, a many-element tensor)."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check_metrics(metrics: Any, env_name: str) -> dict[str, float]:
+    """The environment's metrics as finite-or-not floats; anything else is an error naming the key."""
+    if not isinstance(metrics, dict):
+        raise EnvironmentStepError(f"environment {env_name!r} returned metrics of type {type(metrics).__name__}; "
+                                   "EnvironmentReturn.metrics must be a dict of name -> number")
+    out = {}
+    for key, value in metrics.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise EnvironmentStepError(f"environment {env_name!r} returned metric {key!r} = {value!r}, which is not "
+                                       "a number; EnvironmentReturn.metrics values must be numbers") from None
+    return out
+
+
 def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: list[dict[str, Any]],
           sources: list[str], on_error: str) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
     """Rewards per component ``[B]``, a ``[B]`` bool of usable rewards, and env metrics.
@@ -70,19 +96,29 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
     """
     size = len(logs)
     entries: list[dict[str, float] | Exception]
+
+    def describe(i: int) -> str:
+        return f"sample {i} ({sources[i]}, prompt {_short(logs[i][0].content)}, response {_short(logs[i][-1].content)})"
+
     try:
         ret = _check_return(environment.step(logs, metadata), size)
-        names, metrics = sorted(ret.rewards), dict(ret.metrics)
+        names, metrics = sorted(ret.rewards), _check_metrics(ret.metrics, env_name)
         entries = [{n: ret.rewards[n][i] for n in names} for i in range(size)]
     except WorkerError:
         raise  # a lost or stuck worker says nothing about the samples: never retried, never masked
-    except Exception as batch_error:  # noqa: BLE001 - attribute the failure to samples
+    except EnvironmentStepError:
+        raise
+    except Exception as batch_error:  # noqa: BLE001 - attribute the failure (or the hang) to samples
         singles: list[EnvironmentReturn | Exception] = []
         for i in range(size):
             try:
                 singles.append(_check_return(environment.step([logs[i]], [metadata[i]]), 1))
             except WorkerError:
                 raise
+            except CallTimeout as exc:  # a hang is not a bad reward: stop, naming the sample, whatever on_error says
+                raise EnvironmentStepError(f"environment {env_name!r} did not return a reward for {describe(i)} "
+                                           f"within {exc.elapsed:g} s (cluster.call_timeout_s); the run stops "
+                                           "rather than wait forever") from exc
             except Exception as exc:  # noqa: BLE001
                 singles.append(exc)
         ok = [r for r in singles if isinstance(r, EnvironmentReturn)]
@@ -97,14 +133,14 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
     valid = torch.ones(size, dtype=torch.bool)
     for i, entry in enumerate(entries):
         failure = entry if isinstance(entry, Exception) else next(
-            (RewardFailure(f"reward {n!r} is {v}") for n, v in entry.items() if not math.isfinite(float(v))), None)
+            (RewardFailure(f"reward {n!r} is {v!r}, not a finite number") for n, v in entry.items()
+             if _as_reward(v) is None), None)
         if failure is None:
             for name, value in entry.items():
-                rewards[name][i] = float(value)
+                rewards[name][i] = _as_reward(value)
         elif on_error == "raise":
             raise EnvironmentStepError(
-                f"environment {env_name!r} failed on sample {i} ({sources[i]}, prompt {_short(logs[i][0].content)}, "
-                f"response {_short(logs[i][-1].content)}): {type(failure).__name__}: {failure} "
+                f"environment {env_name!r} failed on {describe(i)}: {type(failure).__name__}: {failure} "
                 "(env.on_reward_error=mask drops such samples from the loss instead)") from failure
         else:
             valid[i] = False  # its reward stays 0 and it leaves the loss and the baseline

@@ -17,13 +17,20 @@ from typing import Any
 
 
 class LocalRuntime:
-    """Every component in this process, constructed as ``Impl(config, context)``."""
+    """Every component in this process, constructed as ``Impl(config, context)``; environments
+    (user code: reward functions, sandboxes, graders) answer within ``cluster.call_timeout_s``."""
 
-    def __init__(self, registry: Any):
+    def __init__(self, registry: Any, call_timeout_s: float = 1800.0):
         self.registry = registry
+        self.call_timeout_s = call_timeout_s
 
     def build(self, kind: str, name: str, config: Any, context: Any) -> Any:
-        return self.registry.load_impl(kind, name)(config, context)
+        component = self.registry.load_impl(kind, name)(config, context)
+        if kind == "environment":
+            from grpo_sdk.runtime.deadlines import EnvironmentDeadline
+
+            return EnvironmentDeadline(component, name, self.call_timeout_s)
+        return component
 
     def shutdown(self) -> None:
         pass
@@ -35,4 +42,4 @@ def make_runtime(config: Any, registry: Any) -> Any:
         from grpo_sdk.runtime.ray_runtime import RayRuntime
 
         return RayRuntime(config, registry)
-    return LocalRuntime(registry)
+    return LocalRuntime(registry, config.cluster.call_timeout_s)

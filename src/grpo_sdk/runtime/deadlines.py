@@ -12,12 +12,18 @@ names the worker, the call and the elapsed time:
 * an exception raised by the component itself (bad data, a NaN loss): re-raised on the driver as
   the same exception type, with a note naming the worker, so a run behaves as it does in-process.
 
+On the local runtime, ``EnvironmentDeadline`` gives environment calls the same deadline
+(``call_with_deadline``: a daemon thread; ``CallTimeout`` on expiry), so user code that hangs in
+process stops the run as a stuck worker does on Ray.
+
 This module imports no Ray at import time (``WorkerError`` is importable anywhere, e.g. by code
 that must let it through a broad ``except Exception``).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -39,6 +45,73 @@ class WorkerError(GrpoSdkError):
         self.worker = worker
         self.call = call
         self.elapsed = elapsed
+
+
+class CallTimeout(GrpoSdkError):
+    """An in-process call into user code (an environment) did not return within its deadline. Exit code 1."""
+
+    def __init__(self, message: str, *, call: str, elapsed: float):
+        super().__init__(message)
+        self.call = call
+        self.elapsed = elapsed
+
+
+def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what: str,
+                       deadline_key: str = "cluster.call_timeout_s") -> Any:
+    """``fn(*args)`` on a daemon thread, waited for at most ``timeout`` seconds.
+
+    A thread, not a signal: it also bounds code stuck inside a C call (a regex backtracking
+    forever, a socket read without a timeout), which no signal handler can interrupt. A call that
+    times out is abandoned, still running, on its daemon thread; the run stops, so nothing waits
+    for it (a ThreadPoolExecutor would join it at exit and hang there).
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    # Code that hangs inside C while holding the GIL (Python's own regex engine backtracking) keeps
+    # this thread from ever waking up, so no Python-level deadline can fire. faulthandler's watchdog
+    # is a C thread that needs no GIL: past twice the deadline it prints every thread's stack (where
+    # the hang is) and exits with code 1. It is the backstop; the thread deadline below answers first
+    # whenever the interpreter can run.
+    faulthandler.dump_traceback_later(2 * timeout + 5, exit=True)
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"grpo-sdk: {what}", daemon=True).start()
+    try:
+        finished = done.wait(timeout)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    if not finished:
+        raise CallTimeout(f"{what} did not return within {timeout:g} s ({deadline_key})", call=what,
+                          elapsed=timeout)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class EnvironmentDeadline:
+    """An in-process environment whose ``step`` and ``sample_prompts`` have a deadline; every other
+    attribute is the environment's own (``hasattr`` answers as for the environment)."""
+
+    def __init__(self, environment: Any, name: str, timeout: float):
+        self._environment, self._name, self._timeout = environment, name, timeout
+
+    def step(self, message_logs: Any, metadata: Any) -> Any:
+        return call_with_deadline(self._environment.step, message_logs, metadata, timeout=self._timeout,
+                                  what=f"environment {self._name!r} step() on {len(message_logs)} samples")
+
+    def __getattr__(self, item: str) -> Any:
+        value = getattr(self._environment, item)
+        if item != "sample_prompts":
+            return value
+        return lambda *args: call_with_deadline(value, *args, timeout=self._timeout,
+                                                what=f"environment {self._name!r} sample_prompts()")
 
 
 @attrs.define(eq=False)
