@@ -144,8 +144,20 @@ def test_single_defaults_string(registry, write):
     ({"loop.yaml": "defaults: loop.yaml\n"}, "inherits from itself"),
     ({"loop.yaml": "defaults: [other.yaml]\n", "other.yaml": "defaults: loop.yaml\n"}, "inherits from itself"),
     ({"loop.yaml": "defaults: nowhere.yaml\n"}, "config file not found"),
-    ({"loop.yaml": "policy: [unclosed\n"}, "is not valid YAML"),
+    ({"loop.yaml": "policy: [unclosed\n"}, r"loop.yaml line 2, column 1: not valid YAML"),
     ({"loop.yaml": "- a\n- b\n"}, "must hold a mapping at the top level"),
+    # issue 12: every shape of a bad file is one line naming the file (and line), never a traceback
+    ({"loop.yaml": "grpo:\n  seed: 1\ngrpo:\n  seed: 2\n"},
+     r"loop.yaml line 3, column 1: not valid YAML: key 'grpo' is given twice \(first on line 1\)"),
+    ({"loop.yaml": "grpo: {seed: 1, max_num_steps: 2, seed: 3}\n"}, r"key 'seed' is given twice"),
+    ({"loop.yaml": "defaults: 5\n"}, r"loop.yaml: `defaults:` must be a file name or a list of file names, got 5"),
+    ({"loop.yaml": "defaults: [null]\n"}, r"loop.yaml: `defaults:` item 0 must be a file name, got None"),
+    ({"loop.yaml": "defaults: [' ']\n"}, r"`defaults:` item 0 must be a file name, got ' '"),
+    ({"loop.yaml": "defaults: [base.yaml]\n", "base.yaml": "a: 1\na: 2\n"}, r"base.yaml line 2, column 1: .*'a'"),
+    ({"loop.yaml": "defaults: [missing.yaml]\n"}, r"config file not found: .*missing.yaml \(in `defaults:` of "
+                                                   r".*loop.yaml\)"),
+    ({"loop.yaml": "a: " + "[" * 50_000 + "]" * 50_000 + "\n"}, r"loop.yaml: nested too deeply to read"),
+    ({"loop.yaml": "grpo:\n  seed: 1\x00\n"}, r"loop.yaml line 2: not valid YAML: character '\\x00'"),
 ])
 def test_bad_files_are_config_errors(registry, write, files, fragment):
     paths = [write(name, text) for name, text in files.items()]
@@ -156,6 +168,42 @@ def test_bad_files_are_config_errors(registry, write, files, fragment):
 def test_missing_file_is_a_config_error(registry, tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load(registry, files=[str(tmp_path / "missing.yaml")])
+
+
+def test_a_config_that_is_not_a_regular_utf8_file_is_named(registry, tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.yaml")  # opening it would block until a writer came
+    (tmp_path / "latin1.yaml").write_bytes(b"grpo:\n  # caf\xe9\n  seed: 1\n")
+    for path, message in [(tmp_path, f"config file {tmp_path} is a directory; give a YAML file"),
+                          (tmp_path / "pipe.yaml", "pipe.yaml is a FIFO (named pipe), not a regular file"),
+                          (tmp_path / "latin1.yaml", "latin1.yaml line 2, column 8: not UTF-8 (byte 0xe9)")]:
+        with pytest.raises(ConfigError) as info:
+            load(registry, files=[str(path)])
+        assert message in info.value.problems[0][1]
+
+
+def test_merge_keys_may_override_what_they_merge(registry, write):
+    path = write("cfg.yaml", BASE + "_base: &base {seed: 1, max_num_steps: 7}\ngrpo:\n  <<: *base\n  seed: 2\n")
+    with pytest.raises(ConfigError, match="unknown key '_base'"):  # merged fine; only the anchor's key is unknown
+        load(registry, files=[path])
+
+
+@pytest.mark.parametrize("override, path, fragment", [
+    (f"grpo.seed={2**63}", "grpo.seed", f"{2**63} (int) is out of range: integers must fit in 64 bits"),
+    (f"grpo.seed={-2**63}", None, None),  # the smallest int64 is fine
+    (f"policy.optimizer.lr={10**400}", "policy.optimizer.lr", "(401 characters) (int), too large for a float"),
+    ("grpo.advantage_clip_high=1e300", "grpo.advantage_clip_high", "must fit in a 32-bit float"),
+    ('logger.log_dir="runs\\0x"', "logger.log_dir", "contains a NUL character"),
+    ("grpo={1: 2}", "grpo.1", "a key must be a string, got 1 (int)"),
+    ("grpo.adv_estimator={name: grpo, name: rloo}", "grpo.adv_estimator", "key 'name' is given twice"),
+    ("grpo.seed=" + "[" * 50_000, "grpo.seed", "nested too deeply"),
+])
+def test_out_of_range_values_and_odd_keys(registry, override, path, fragment):
+    if path is None:
+        assert load(registry, override).grpo.seed == -2**63
+        return
+    assert fragment in problems(registry, override)[path]
 
 
 def test_model_name_is_required_with_a_file(registry, write):
@@ -219,7 +267,7 @@ def test_plugin_option_suggestion_is_the_full_path(registry):
     ("policy.model_name=5", "policy.model_name", "expected a string"),
     ("logger.loggers=jsonl", "logger.loggers", "expected a list, got 'jsonl'"),
     ("policy.generation.stop_token_ids=[1, 2.5]", "policy.generation.stop_token_ids[1]", "expected an integer"),
-    ("policy.optimizer.betas=[0.9, 0.9, 0.9]", "policy.optimizer.betas", "Too many values"),
+    ("policy.optimizer.betas=[0.9, 0.9, 0.9]", "policy.optimizer.betas", "expected a list of 2 values"),
     ("grpo=5", "grpo", "expected a mapping"),
     ("policy.precision=float64", "policy.precision",
      "expected one of 'float32', 'bfloat16', 'float16', got 'float64'"),
@@ -241,7 +289,7 @@ def test_string_false_in_a_file_is_not_true(registry, write):
 
 
 def test_exponent_without_dot_is_a_float(registry, write):
-    text = BASE + "policy:\n  model_name: m\n  optimizer: {lr: 1e-5}\n  generation: {max_new_tokens: 16}\n"
+    text = "policy:\n  model_name: m\n  optimizer: {lr: 1e-5}\n  generation: {max_new_tokens: 16}\n"
     assert yaml.safe_load(text)["policy"]["optimizer"]["lr"] == "1e-5"  # PyYAML's reading
     cfg = load(registry, files=[write("cfg.yaml", text)])
     assert isinstance(cfg.policy.optimizer.lr, float) and cfg.policy.optimizer.lr == 1e-5

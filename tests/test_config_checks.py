@@ -3,6 +3,8 @@ keys, raised by `load_config` before any model is loaded (and so by `grpoctl con
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from grpo_sdk.core.config_loader import load_config
@@ -102,3 +104,132 @@ def test_a_dataset_environment_without_validation_data_names_the_switches_that_a
     cfg = load_config(None, ["env.name=math", "data.train_path=train.jsonl", "grpo.val_period=0",
                              "grpo.val_at_end=false"], registry)
     assert cfg.data.validation_path is None
+
+
+# --- issue 12: absurd sizes, the model's limits, metric names, configs that would do nothing ------
+
+
+@pytest.mark.parametrize("overrides, key, text", [
+    (["grpo.num_prompts_per_step=100000000000000000000"], "grpo.num_prompts_per_step", "fit in 64 bits"),
+    (["grpo.num_prompts_per_step=2000000"], "grpo.num_prompts_per_step", "must be <= 1048576"),
+    (["grpo.num_prompts_per_step=65536", "grpo.num_generations_per_prompt=32"], "grpo.num_prompts_per_step",
+     "= 2,097,152 rows, more than the 1,048,576"),
+    (["grpo.max_val_samples=1000000000"], "grpo.max_val_samples", "must be <= 1048576"),
+    (["grpo.max_val_samples=4096", "grpo.val_num_generations_per_prompt=4096"], "grpo.max_val_samples",
+     "grpo.max_val_samples x grpo.val_num_generations_per_prompt = 16,777,216 rows"),
+    (["grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=100000"], "grpo.batch_multiplier",
+     "int(grpo.num_prompts_per_step x grpo.batch_multiplier)"),
+    (["policy.generation.stop_token_ids=[3, -1]"], "policy.generation.stop_token_ids", "must be >= 0: -1"),
+    (["policy.generation.stop_token_ids=[2, 25, 99]"], "policy.generation.stop_token_ids",
+     "[25, 99] are not below vocab_size = 25 of built-in model builtin:tiny-gpt2"),
+    (["policy.max_total_sequence_length=65"], "policy.max_total_sequence_length", "gives n_positions = 64"),
+    (["policy.model_name=builtin:tiny-llama"], "policy.model_name", "unknown built-in model 'builtin:tiny-llama'"),
+    (["policy.optimizer.betas=[0.9, 1.0]"], "policy.optimizer.betas", "each beta must be in [0, 1)"),
+    (["policy.max_grad_norm=0"], "policy.max_grad_norm", "must be > 0"),
+    (["cluster.num_threads=0"], "cluster.num_threads", "must be > 0"),
+    (["cluster.startup_timeout_s=1e12"], "cluster.startup_timeout_s", "must be <= 2592000"),
+    (["data.prompt_key="], "data.prompt_key", "must not be empty"),
+    (["grpo.num_generations_per_prompt=1"], "grpo.num_generations_per_prompt", "every advantage is 0"),
+    (["grpo.num_generations_per_prompt=1", "grpo.adv_estimator.name=rloo"], "grpo.num_generations_per_prompt",
+     "estimator 'rloo'"),
+    (["grpo.num_generations_per_prompt=1", "grpo.adv_estimator.name=reinforce_plus_plus"],
+     "grpo.num_generations_per_prompt", "estimator 'reinforce_plus_plus'"),
+    (["checkpointing.metric_name=val:acuracy"], "checkpointing.metric_name", "(did you mean 'val:accuracy'?)"),
+    (["checkpointing.metric_name=val:env/exact_match"], "checkpointing.metric_name",
+     "(did you mean 'val:exact_match'?)"),
+    (["checkpointing.metric_name=train:grad_nrom"], "checkpointing.metric_name", "(did you mean 'train:grad_norm'?)"),
+    (["grpo.stop_at_validation_metric=val/accuracy", "grpo.stop_at_validation_threshold=1"],
+     "grpo.stop_at_validation_metric", "(did you mean 'accuracy'?)"),
+    (["grpo.stop_at_validation_metric=accuracy", "grpo.stop_at_validation_threshold=1", "grpo.val_period=0"],
+     "grpo.stop_at_validation_metric", "would never stop early"),
+    (["data.prompt_template='Q: {prompt'"], "data.prompt_template", "is not a format string"),
+    (["data.prompt_template='{0} {prompt}'"], "data.prompt_template", "positional field {0} has nothing to fill"),
+    (["data.prompt_template='{prompt!x}'"], "data.prompt_template", "unknown conversion !x"),
+    (["data.prompt_template='{prompt:>100000}'"], "data.prompt_template", "pads to more than 10,000 characters"),
+    (["logger.log_dir=runs/" + "x" * 256], "logger.log_dir", "has a name of 256 bytes"),
+])
+def test_absurd_or_inert_settings_are_config_errors(registry, overrides, key, text):
+    found = config_problems(registry, *overrides)
+    assert key in found, found
+    assert text in found[key]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["grpo.num_generations_per_prompt=1", "grpo.adv_estimator.name=reinforce_plus_plus",
+     "grpo.adv_estimator.reinforce_plus_plus.minus_baseline=false"],  # batch whitening: a signal without groups
+    ["checkpointing.metric_name=train:reward/correct_digits"],  # a family components extend
+    ["checkpointing.metric_name=val:pass_k", "grpo.val_num_generations_per_prompt=4"],
+    ["policy.generation.stop_token_ids=[24]", "policy.max_total_sequence_length=64"],
+    ["data.prompt_template='{{literal}} {prompt!r:>20} {answer[0]}'"],
+])
+def test_limits_accept_what_is_in_range(registry, overrides):
+    load_config(None, overrides, registry)
+
+
+def write_model(tmp_path, **config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_a_local_model_directory_bounds_the_context_and_the_token_ids(registry, tmp_path):
+    model = write_model(tmp_path, model_type="llama", vocab_size=100, max_position_embeddings=48)
+    found = config_problems(registry, f"policy.model_name={model}", "policy.generation.stop_token_ids=[100]")
+    assert found["policy.max_total_sequence_length"].startswith(
+        f"64 exceeds the model's context: {tmp_path}/config.json gives max_position_embeddings = 48")
+    assert "vocab_size = 100" in found["policy.generation.stop_token_ids"]
+    load_config(None, [f"policy.model_name={model}", "policy.max_total_sequence_length=48"], registry)
+
+
+def test_context_follows_text_config_and_rope_scaling(tmp_path):
+    from grpo_sdk.core.config_checks import context_length, model_facts
+
+    model = write_model(tmp_path, text_config={"vocab_size": 10, "max_position_embeddings": 4096})
+    assert model_facts(model)[1]["max_position_embeddings"] == 4096
+    yarn = {"max_position_embeddings": 32768, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                              "original_max_position_embeddings": 32768}}
+    assert context_length(yarn) == ("max_position_embeddings x rope_scaling.factor", 131072)
+    llama3 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert context_length(llama3) == ("max_position_embeddings", 131072)  # already the extended length
+    assert context_length({"n_positions": 1024, "max_position_embeddings": 2048}) == ("n_positions", 1024)
+
+
+def test_an_unreadable_model_config_is_left_to_the_model_loader(registry, tmp_path):
+    (tmp_path / "config.json").write_bytes(b"\xff{not json")
+    load_config(None, [f"policy.model_name={tmp_path}"], registry)
+
+
+def test_unknown_metric_names_are_loud_warnings(registry, caplog):
+    load_config(None, ["checkpointing.metric_name=val:exact_match", "grpo.stop_at_validation_metric=exact_match",
+                       "grpo.stop_at_validation_threshold=0.9"], registry)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 2 and all("environment 'reverse_digits' reports it" in w for w in warned), warned
+    assert warned[0].startswith("grpo-sdk: warning: grpo.stop_at_validation_metric: 'exact_match' is not one of")
+
+
+def test_declared_environment_metrics_make_unknown_names_errors(registry, monkeypatch):
+    import attrs
+
+    info = registry.info("environment", "reverse_digits")
+    spec = type("Spec", (), {"capabilities": info.spec.capabilities, "metrics": ("exact_match",)})()
+    monkeypatch.setattr(registry, "info", lambda kind, name, _real=registry.info: (
+        attrs.evolve(info, spec=spec) if (kind, name) == ("environment", "reverse_digits") else _real(kind, name)))
+    load_config(None, ["checkpointing.metric_name=val:exact_match"], registry)
+    found = config_problems(registry, "checkpointing.metric_name=val:exakt_match")
+    assert "(did you mean 'val:exact_match'?)" in found["checkpointing.metric_name"]
+    found = config_problems(registry, "checkpointing.metric_name=val:bleu")
+    assert found["checkpointing.metric_name"] == ("'val:bleu' is not a validation metric: those are accuracy, "
+                                                  "avg_length, num_samples, pass_k, exact_match")
+
+
+def test_a_batch_larger_than_this_machine_is_a_warning(registry, caplog, monkeypatch):
+    from grpo_sdk.core import config_checks
+
+    monkeypatch.setattr(config_checks, "_physical_memory", lambda: 2**26)
+    load_config(None, ["grpo.num_prompts_per_step=4096", "grpo.num_generations_per_prompt=16"], registry)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["grpo-sdk: warning: grpo.num_prompts_per_step: the rollout batch of 65,536 rows x "
+                      "policy.max_total_sequence_length=64 needs at least 128 MiB, more than this machine's 64 MiB"]
+    caplog.clear()
+    load_config(None, ["grpo.num_prompts_per_step=4096", "grpo.num_generations_per_prompt=16",
+                       "cluster.runtime=ray", "cluster.address=auto"], registry)
+    assert not [r for r in caplog.records if "rollout batch" in r.getMessage()]

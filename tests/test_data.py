@@ -47,9 +47,10 @@ def tokenizer():
     return build_tokenizer()
 
 
-def make_cfg(seed: int = 42, max_val_samples: int = 256, **data) -> C.MasterConfig:
+def make_cfg(seed: int = 42, max_val_samples: int = 256, num_prompts_per_step: int = 1, **data) -> C.MasterConfig:
     return C.MasterConfig(policy=C.PolicyConfig(model_name="unused"), data=C.DataConfig(**data),
-                          grpo=C.GRPOConfig(seed=seed, max_val_samples=max_val_samples),
+                          grpo=C.GRPOConfig(seed=seed, max_val_samples=max_val_samples,
+                                            num_prompts_per_step=num_prompts_per_step),
                           env=C.EnvConfig(name="reverse_digits"))
 
 
@@ -198,6 +199,46 @@ def test_unreadable_inputs_are_named(tmp_path):
                           ("missing.jsonl", r"missing.jsonl: no such file or directory")]:
         with pytest.raises(DataError, match=message):
             D.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
+
+
+def test_bytes_fifos_and_depth_are_named_by_file_and_line(tmp_path):
+    import os
+
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    (tmp_path / "utf16.jsonl").write_text('{"prompt": "a"}\n', encoding="utf-16")
+    (tmp_path / "deep.jsonl").write_text('{"prompt": "a"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    os.mkfifo(tmp_path / "pipe.jsonl")  # opening it would block: it must be refused before
+    for name, message in [("latin1.jsonl", r"latin1.jsonl line 2: not UTF-8 \(byte 0xe9 at column 16\)"),
+                          ("utf16.jsonl", r"utf16.jsonl line 1: not UTF-8 \(byte 0xff at column 1\) \(it looks "
+                                          r"like UTF-16\)"),
+                          ("deep.jsonl", r"deep.jsonl line 2: nested too deeply"),
+                          ("pipe.jsonl", r"pipe.jsonl: is a FIFO \(named pipe\), not a regular file")]:
+        with pytest.raises(DataError, match=message):
+            D.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
+    with pytest.raises(DataError, match=r"pipe.jsonl: is a FIFO"):
+        D.make_validation_prompts(make_cfg(validation_path=str(tmp_path / "pipe.jsonl")), ENV)
+
+
+def test_a_template_that_does_not_fit_a_row_names_the_row(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "n": 1}, {"prompt": "b", "n": "two"}])
+    with pytest.raises(DataError, match=r"d.jsonl line 2: data.prompt_template '{n:03d} {prompt}' cannot be filled "
+                                        r"from this row: Unknown format code 'd'"):
+        D.make_prompt_source(make_cfg(train_path=str(path), prompt_template="{n:03d} {prompt}"), ENV)
+
+
+def test_a_dataset_smaller_than_a_step_is_refused(tmp_path):
+    path = str(write_jsonl(tmp_path / "d.jsonl", ROWS[:3]))
+    with pytest.raises(DataError, match=r"data.train_path: .*d.jsonl holds 3 prompts, fewer than the "
+                                        r"grpo.num_prompts_per_step=4 every step draws"):
+        D.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=4), ENV)
+    assert len(D.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=3), ENV).prompts) == 3
+    other = str(write_jsonl(tmp_path / "e.jsonl", ROWS[:2]))
+    mixed = make_cfg(num_prompts_per_step=6, use_multiple_dataloader=True,
+                     datasets=[C.DatasetConfig(path=path), C.DatasetConfig(path=other)])
+    with pytest.raises(DataError, match=r"data.datasets: .*d.jsonl, .*e.jsonl holds 5 prompts, fewer than"):
+        D.make_prompt_source(mixed, ENV)
+    # A validation set is a prefix of at most max_val_samples rows: a small one is fine.
+    assert len(D.make_validation_prompts(make_cfg(validation_path=path, num_prompts_per_step=8), ENV)) == 3
 
 
 # --- order and epochs -----------------------------------------------------------------------------

@@ -52,6 +52,29 @@ class PluginSlot:
 positive = v.gt(0)
 non_negative = v.ge(0)
 
+# Upper bounds on sizes, so an absurd number is a config error at `config validate` instead of gigabytes
+# spent before the first step (issue 12). Each is far past any real run: NeMo-RL's largest recipes use
+# ~32k rows per step, and the longest-context open models 1-10M tokens.
+MAX_ROWS = 2**20  # rows of one rollout or validation batch, and prompts per step
+MAX_TOKENS = 2**24  # any sequence length
+MAX_THREADS = 4096  # threads or processes one machine runs (torch.set_num_threads takes a C int)
+MAX_TIMEOUT_S = 30 * 24 * 3600.0  # a deadline on one call; longer ones overflow some timers and are typos
+
+row_count = [positive, v.le(MAX_ROWS)]
+token_count = [positive, v.le(MAX_TOKENS)]
+
+
+def non_empty(instance: Any, attribute: Any, value: str | None) -> None:
+    # An empty key matches no row, so every row would fail to load with a confusing message.
+    if value is not None and not value:
+        raise ValueError("must not be empty")
+
+
+def _betas(instance: Any, attribute: Any, value: tuple[float, float]) -> None:
+    # torch.optim.AdamW raises at the first step otherwise; 1 would freeze the moment estimate.
+    if not all(0 <= b < 1 for b in value):
+        raise ValueError(f"each beta must be in [0, 1): {list(value)}")
+
 
 # --- grpo -----------------------------------------------------------------------------------
 
@@ -92,9 +115,9 @@ class RewardShapingConfig:
 @attrs.frozen(kw_only=True)
 class GRPOConfig:
     num_prompts_per_step: int = option(32, "Prompts drawn per step; the rollout batch is "
-                                       "num_prompts_per_step x num_generations_per_prompt rows.", validator=positive)
+                                       "num_prompts_per_step x num_generations_per_prompt rows.", validator=row_count)
     num_generations_per_prompt: int = option(16, "Responses sampled per prompt: the group size G "
-                                             "the advantage baseline is taken over.", validator=positive)
+                                             "the advantage baseline is taken over.", validator=row_count)
     max_num_steps: int = option(1000000, "Stop after this many training steps.", validator=positive)
     max_num_epochs: int = option(1, "Stop after this many passes over a finite dataset.", validator=positive)
     seed: int = option(42, "Seed of every random number generator (data order, sampling, init).")
@@ -126,10 +149,10 @@ class GRPOConfig:
     val_start_at: int = option(-1, "First step eligible for periodic validation; -1: no delay.")
     val_at_start: bool = option(False, "Validate before the first step.")
     val_at_end: bool = option(False, "Validate after the last step.")
-    val_batch_size: int = option(256, "Validation prompts per generation call.", validator=positive)
+    val_batch_size: int = option(256, "Validation prompts per generation call.", validator=row_count)
     max_val_samples: int = option(256, "Validation prompts per validation (each sampled "
-                                  "val_num_generations_per_prompt times).", validator=positive)
-    val_num_generations_per_prompt: int = option(1, "Samples per validation prompt (k of pass_k).", validator=positive)
+                                  "val_num_generations_per_prompt times).", validator=row_count)
+    val_num_generations_per_prompt: int = option(1, "Samples per validation prompt (k of pass_k).", validator=row_count)
     stop_at_validation_metric: str | None = option(None, "Stop training once this validation metric (e.g. "
                                                    "accuracy, pass_k) reaches stop_at_validation_threshold.")
     stop_at_validation_threshold: float | None = option(None, "Threshold for stop_at_validation_metric.")
@@ -200,7 +223,7 @@ class OptimizerConfig:
     name: Literal["adamw"] = option("adamw", "Optimizer; AdamW (torch.optim.AdamW).")
     lr: float = option(5.0e-6, "Peak learning rate.", validator=positive)
     weight_decay: float = option(0.01, "Decoupled weight decay.", validator=non_negative)
-    betas: tuple[float, float] = option((0.9, 0.999), "Adam betas.")
+    betas: tuple[float, float] = option((0.9, 0.999), "Adam betas, each in [0, 1).", validator=_betas)
     eps: float = option(1e-8, "Adam epsilon.", validator=positive)
 
 
@@ -223,12 +246,13 @@ class GenerationConfig:
     __plugin__ = PluginSlot(kind="generation", selector="backend")
 
     backend: str = option("hf", "Generation backend, a name in the grpo_sdk.generation group.")
-    max_new_tokens: int = option(512, "Most tokens sampled per response.", validator=positive)
+    max_new_tokens: int = option(512, "Most tokens sampled per response.", validator=token_count)
     temperature: float = option(1.0, "Sampling temperature; training logprobs use the same temperature.",
                                 validator=positive)
     top_p: float = option(1.0, "Nucleus sampling mass; 1.0 disables.", validator=[v.gt(0), v.le(1)])
     top_k: int | None = option(None, "Top-k sampling; null or 0 disables.")
-    stop_token_ids: list[int] = option(factory=list, help="Token ids that end a response besides the tokenizer's EOS.")
+    stop_token_ids: list[int] = option(factory=list, help="Token ids that end a response besides the tokenizer's EOS.",
+                                       validator=v.deep_iterable(non_negative))
     colocated: ColocatedConfig = option(factory=lambda: ColocatedConfig(), help="Whether generation shares the "
                                         "policy's devices.")
     blocks: dict[str, Any] = _internal()
@@ -249,9 +273,10 @@ class PolicyConfig:
                                          "micro-batches.", validator=positive)
     logprob_batch_size: int = option(4, "Rows per forward pass when computing logprobs without grad.",
                                      validator=positive)
-    max_total_sequence_length: int = option(1024, "Longest prompt + response, in tokens.", validator=positive)
+    max_total_sequence_length: int = option(1024, "Longest prompt + response, in tokens.", validator=token_count)
     precision: Literal["float32", "bfloat16", "float16"] = option("float32", "Parameter dtype of the policy.")
-    max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.")
+    max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.",
+                                         validator=v.optional(positive))
     optimizer: OptimizerConfig = option(factory=OptimizerConfig, help="Optimizer settings.")
     scheduler: SchedulerConfig = option(factory=SchedulerConfig, help="Learning-rate schedule.")
     generation: GenerationConfig = option(factory=GenerationConfig, help="Rollout generation settings.")
@@ -267,7 +292,7 @@ class DatasetConfig:
     path: str = option(help="A JSONL or Parquet file, or a directory saved by datasets' save_to_disk.")
     weight: float = option(1.0, "Share of each step's prompts drawn from this dataset, relative to the others.",
                            validator=positive)
-    prompt_key: str | None = option(None, "Key of the prompt text; null uses data.prompt_key.")
+    prompt_key: str | None = option(None, "Key of the prompt text; null uses data.prompt_key.", validator=non_empty)
 
 
 @attrs.frozen(kw_only=True)
@@ -278,18 +303,20 @@ class DataConfig:
     validation_path: str | None = option(None, "Validation prompts, in the same formats; null: the environment "
                                          "generates them (synthetic tasks) or there is no validation.")
     prompt_key: str = option("prompt", "Key of the prompt text in each row; the other keys are passed "
-                             "to the environment as metadata.")
+                             "to the environment as metadata.", validator=non_empty)
     prompt_template: str | None = option(None, "Python format string wrapped around the prompt, e.g. "
                                          "'Question: {prompt} Answer:'; null uses the prompt as is.")
     system_prompt: str | None = option(None, "System message put before the prompt when the chat template is used.")
     use_chat_template: bool = option(False, "Build the prompt with the tokenizer's chat template (a user "
                                      "message, plus system_prompt), ending with the generation prompt.")
     max_input_seq_length: int | None = option(None, "Longest prompt in tokens; null: "
-                                              "max_total_sequence_length - max_new_tokens.")
+                                              "max_total_sequence_length - max_new_tokens.",
+                                              validator=v.optional(token_count))
     filter_long_prompts: bool = option(False, "Drop prompts longer than max_input_seq_length when the dataset is "
                                        "loaded (and count them); false: such a prompt is an error naming its row.")
     shuffle: bool = option(True, "Shuffle the dataset every epoch (seeded by grpo.seed).")
-    num_workers: int = option(1, "Processes that tokenize the dataset when it is loaded.", validator=positive)
+    num_workers: int = option(1, "Processes that tokenize the dataset when it is loaded.",
+                              validator=[positive, v.le(MAX_THREADS)])
     use_multiple_dataloader: bool = option(False, "Mix the datasets listed in data.datasets by their weights "
                                            "instead of reading data.train_path.")
     datasets: list[DatasetConfig] = option(factory=list, help="The training datasets to mix when "
@@ -306,6 +333,12 @@ class EnvConfig:
                                                        "non-finite reward for a sample: `raise` stops the run "
                                                        "naming the sample; `mask` drops the sample from the loss "
                                                        "and counts it in reward/num_failed.")
+    max_failed_fraction: float = option(0.5, "With on_reward_error=mask: stop the run when more than this "
+                                        "fraction of the samples of the last failed_window_steps steps failed "
+                                        "(a step whose every sample failed always stops it).",
+                                        validator=[v.ge(0.0), v.le(1.0)])
+    failed_window_steps: int = option(10, "Steps over which max_failed_fraction is measured.",
+                                      validator=[positive, v.le(MAX_ROWS)])
     blocks: dict[str, Any] = _internal()
     configs: dict[str, Any] = _internal()
 
@@ -364,13 +397,16 @@ class ClusterConfig:
                                      validator=positive)
     env_workers: int = option(1, "Ray: environment actors; each scores a share of every batch.", validator=positive)
     env_max_concurrency: int = option(4, "Ray: environment calls in flight per environment actor.", validator=positive)
-    call_timeout_s: float = option(1800.0, "Ray: deadline of every remote call; a worker that does not answer in "
-                                   "time stops the run with an error naming it (no silent hangs).", validator=positive)
+    call_timeout_s: float = option(1800.0, "Deadline of every call into an environment in this process, and (Ray) "
+                                   "of every remote call; a call that does not return in time stops the run with "
+                                   "an error naming the worker or the sample (no silent hangs).",
+                                   validator=[positive, v.le(MAX_TIMEOUT_S)])
     startup_timeout_s: float = option(600.0, "Ray: deadline for workers to start and load their models.",
-                                      validator=positive)
+                                      validator=[positive, v.le(MAX_TIMEOUT_S)])
     device: Literal["auto", "cpu", "cuda"] = option("auto", "Torch device; auto picks cuda when available.")
     num_threads: int | None = option(1, "torch.set_num_threads for the run (and in every worker); null keeps "
-                                     "torch's default. One thread is fastest for small models on shared CPUs.")
+                                     "torch's default. One thread is fastest for small models on shared CPUs.",
+                                     validator=v.optional(v.and_(positive, v.le(MAX_THREADS))))
 
 
 @attrs.frozen(kw_only=True)

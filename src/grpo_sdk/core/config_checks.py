@@ -7,6 +7,13 @@ seed's silent no-ops (a switch set where nothing reads it) are errors here.
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import json
+import os
+import re
+import string
+from pathlib import Path
 from typing import Any
 
 from grpo_sdk.core import config as C
@@ -35,6 +42,111 @@ def check_batch_shape(cfg: C.MasterConfig) -> list[tuple[str, str]]:
                          f"policy.max_total_sequence_length={cfg.policy.max_total_sequence_length}"))
     if gen.top_k is not None and gen.top_k < 0:
         problems.append(("policy.generation.top_k", f"must be >= 0 or null: {gen.top_k}"))
+    grpo = cfg.grpo
+    draw = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if grpo.use_dynamic_sampling else 0
+    for key, count, what in [
+        ("grpo.num_prompts_per_step", rollout_rows, "grpo.num_prompts_per_step x grpo.num_generations_per_prompt"),
+        ("grpo.batch_multiplier", draw * grpo.num_generations_per_prompt,
+         "int(grpo.num_prompts_per_step x grpo.batch_multiplier) x grpo.num_generations_per_prompt"),
+        ("grpo.max_val_samples", grpo.max_val_samples * grpo.val_num_generations_per_prompt,
+         "grpo.max_val_samples x grpo.val_num_generations_per_prompt")]:
+        if count > C.MAX_ROWS:
+            problems.append((key, f"{what} = {count:,} rows, more than the {C.MAX_ROWS:,} one batch may hold"))
+    return problems
+
+
+# --- the model, read without torch --------------------------------------------------------------
+
+# Keys a Hugging Face config.json gives the context length under (vLLM reads the same list).
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length",
+                "max_seq_length", "seq_len")
+NO_RESCALE = ("su", "longrope", "llama3", "default")
+
+
+def model_facts(model_name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(where, config)`` of a model whose config is known without torch: the built-in tiny model or a
+    local directory with a readable config.json; None for a hub name (its config is not here yet)."""
+    if model_name.startswith("builtin:"):
+        from grpo_sdk.recipes import tiny_model  # light: it imports torch only inside its builders
+
+        builder = tiny_model.BUILTIN_MODELS.get(model_name.split(":", 1)[1])
+        if builder is None:
+            return None
+        positions = inspect.signature(builder).parameters["n_positions"].default
+        vocab = len(tiny_model.SPECIAL_TOKENS) + len(tiny_model.CHARACTERS)
+        return f"built-in model {model_name}", {"n_positions": positions, "vocab_size": vocab}
+    path = Path(model_name).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError, RecursionError):  # unreadable: loading the model reports it properly
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")  # multimodal models keep the language model's numbers here
+    return str(path), ({**data, **text} if isinstance(text, dict) else data)
+
+
+def context_length(config: dict[str, Any]) -> tuple[str, int] | None:
+    """The smallest context key the config gives, scaled by a RoPE extension factor as vLLM does."""
+    found = [(key, config[key]) for key in CONTEXT_KEYS
+             if isinstance(config.get(key), int) and not isinstance(config[key], bool) and config[key] > 0]
+    if not found:
+        return None
+    key, limit = min(found, key=lambda kv: kv[1])
+    rope = config.get("rope_scaling")
+    # llama3 and longrope configs already give the extended length; the others give the trained one.
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in NO_RESCALE:
+        factor = rope.get("factor")
+        if isinstance(factor, (int, float)) and factor > 1:
+            base = rope.get("original_max_position_embeddings", limit)
+            return f"{key} x rope_scaling.factor", int((base if isinstance(base, int) else limit) * factor)
+    return key, limit
+
+
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems; longer ones raise OSError
+
+
+def check_paths(cfg: C.MasterConfig) -> list[tuple[str, str]]:
+    """Path settings no file system can hold: a name longer than NAME_MAX bytes."""
+    paths = [("policy.model_name", cfg.policy.model_name), ("policy.tokenizer.name", cfg.policy.tokenizer.name),
+             ("on_policy_distillation.teacher_model", cfg.on_policy_distillation.teacher_model),
+             ("data.train_path", cfg.data.train_path), ("data.validation_path", cfg.data.validation_path),
+             ("logger.log_dir", cfg.logger.log_dir), ("checkpointing.checkpoint_dir", cfg.checkpointing.checkpoint_dir)]
+    paths += [(f"data.datasets[{i}].path", ds.path) for i, ds in enumerate(cfg.data.datasets)]
+    problems = []
+    for key, value in paths:
+        long = [part for part in (value or "").split("/") if len(part.encode("utf-8", "replace")) > NAME_MAX]
+        if long:
+            problems.append((key, f"has a name of {len(long[0].encode('utf-8', 'replace'))} bytes "
+                             f"({long[0][:20]}...); file systems allow at most {NAME_MAX}"))
+    return problems
+
+
+def check_model(cfg: C.MasterConfig) -> list[tuple[str, str]]:
+    """Sequence lengths against the model's context and token ids against its vocabulary."""
+    name, problems = cfg.policy.model_name, []
+    if name.startswith("builtin:"):
+        from grpo_sdk.recipes.tiny_model import BUILTIN_MODELS
+
+        if name.split(":", 1)[1] not in BUILTIN_MODELS:
+            return [("policy.model_name", f"unknown built-in model {name!r}; built-ins: "
+                     + ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_MODELS)))]
+    facts = model_facts(name)
+    if facts is None:
+        return []
+    where, config = facts
+    context = context_length(config)
+    longest = cfg.policy.max_total_sequence_length
+    if context is not None and longest > context[1]:
+        problems.append(("policy.max_total_sequence_length",
+                         f"{longest} exceeds the model's context: {where} gives {context[0]} = {context[1]} "
+                         "(positions past it were never trained, and learned ones do not exist)"))
+    vocab = config.get("vocab_size")
+    outside = [i for i in cfg.policy.generation.stop_token_ids if isinstance(vocab, int) and i >= vocab]
+    if outside:
+        problems.append(("policy.generation.stop_token_ids",
+                         f"{outside} are not below vocab_size = {vocab} of {where}: the model never samples them, "
+                         "so they would never stop a response"))
     return problems
 
 
@@ -107,6 +219,11 @@ def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
             problems.append(("on_policy_distillation.teacher_model",
                              f"is set, but estimator {grpo.adv_estimator.name!r} uses no teacher "
                              "(select grpo.adv_estimator.name=opd, or unset it)"))
+    if grpo.num_generations_per_prompt == 1 and info is not None and uses_group_baseline(cfg, info):
+        problems.append(("grpo.num_generations_per_prompt",
+                         f"is 1, but estimator {grpo.adv_estimator.name!r} subtracts a baseline taken over each "
+                         "prompt's group: with one response per prompt every advantage is 0 and nothing is "
+                         "learned; use 2 or more (16 is usual)"))
     if cfg.on_policy_distillation.teacher_model and registry is not None:
         backend = cfg.on_policy_distillation.teacher_backend
         if registry.info("policy", backend) is None:
@@ -143,15 +260,186 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     if grpo.stop_at_validation_metric == "pass_k" and grpo.val_num_generations_per_prompt <= 1:
         problems.append(("grpo.stop_at_validation_metric",
                          "'pass_k' needs grpo.val_num_generations_per_prompt > 1"))
+    if grpo.stop_at_validation_metric is not None and grpo.val_period == 0:
+        problems.append(("grpo.stop_at_validation_metric", "is checked after each periodic validation, but "
+                         "grpo.val_period=0 turns those off, so the run would never stop early"))
     if ckpt.keep_top_k is not None and ckpt.keep_top_k < 1:
         problems.append(("checkpointing.keep_top_k", f"must be >= 1 or null: {ckpt.keep_top_k}"))
     if ckpt.metric_name is not None and not ckpt.metric_name.startswith(("train:", "val:")):
         problems.append(("checkpointing.metric_name", f"{ckpt.metric_name!r} must start with train: or val:"))
+    if data.prompt_template is not None:
+        problems += [("data.prompt_template", m) for m in template_problems(data.prompt_template)]
     if ckpt.checkpoint_must_save_by is not None:
         try:
             parse_duration(ckpt.checkpoint_must_save_by)
         except ValueError as exc:
             problems.append(("checkpointing.checkpoint_must_save_by", str(exc)))
+    return problems
+
+
+# Built-in estimators whose advantage is the reward minus its group's (or leave-one-out) mean, so it is 0
+# for a group of one; the predicate reads the estimator's block. Transitional: estimators/specs.py should
+# declare the `group_baseline` capability (any plugin may already), and then this table goes.
+_BUILTIN_GROUP_BASELINES = {"grpo": lambda block: True, "rloo": lambda block: True, "gdpo": lambda block: True,
+                            "reinforce_plus_plus": lambda block: getattr(block, "minus_baseline", True)}
+
+
+def uses_group_baseline(cfg: C.MasterConfig, info: Any) -> bool:
+    est = cfg.grpo.adv_estimator
+    if info.spec is not None and "group_baseline" in info.spec.capabilities:
+        return True
+    builtin = _BUILTIN_GROUP_BASELINES.get(est.name) if info.dist == "grpo-sdk" else None
+    return builtin is not None and builtin(C.plugin_config(est))
+
+
+# --- metric names -------------------------------------------------------------------------------
+
+# Validation reports these itself (core/validation.py) plus the environment's own metrics; a step
+# logs these (docs/algorithms.md, Metrics) plus the families below, which components extend.
+VAL_METRICS = ("accuracy", "avg_length", "num_samples", "pass_k")
+TRAIN_METRICS = (
+    "loss", "actor_loss", "kl_penalty", "positive_nll_loss", "probs_ratio", "probs_ratio_clamped",
+    "probs_ratio_min", "probs_ratio_max", "probs_ratio_clamped_min", "probs_ratio_clamped_max", "clip_fraction",
+    "token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error", "sampling_importance_ratio",
+    "is_oob_ratio", "approx_entropy", "num_valid_samples", "filtered_reward", "dynamic_sampling_num_gen_batches",
+    "dynamic_sampling_num_discarded_valid_samples", "trivial_group_fraction", "truncated_fraction",
+    "generated_tokens", "max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error",
+    "max_seq_mult_prob_error_after_mask", "mean_seq_mult_prob_error_after_mask",
+    "min_seq_mult_prob_error_after_mask", "num_masked_seqs_by_logprob_error", "masked_correct_pct", "grad_norm",
+    "lr", "reward/mean", "reward/std", "reward/num_failed", "advantages/mean", "advantages/min", "advantages/max")
+TRAIN_FAMILIES = ("reward/", "env/", "val/", "timing/", "perf/", "advantages/", "response_length/", "generation/",
+                  "on_policy_distillation/")
+TYPO_CUTOFF = 0.85  # 'acuracy' -> 'accuracy' (0.93); an environment's 'pass_1' is not 'pass_k' (0.83)
+
+
+def _env_metrics(registry: Any, env_name: str) -> tuple[str, ...] | None:
+    """The metrics the environment declares (``ComponentSpec.metrics``), or None when it declares none."""
+    info = registry.info("environment", env_name) if registry is not None else None
+    declared = getattr(info.spec, "metrics", None) if info is not None and info.spec is not None else None
+    return tuple(declared) if declared else None
+
+
+# Validation returns bare names ("accuracy", and an environment's "exact_match" without "env/"); the
+# logged "val/accuracy" or a "val:" prefix there never matches.
+VAL_WRONG_PREFIXES = ("val/", "env/", "val:")
+
+
+def _metric_verdict(name: str, known: tuple[str, ...], families: tuple[str, ...] = (),
+                    wrong_prefixes: tuple[str, ...] = ()) -> str | None:
+    """None when ``name`` is known; else the name meant (a typo), or "" when nothing is close."""
+    if name in known or name.startswith(families):
+        return None
+    for prefix in wrong_prefixes:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix):]
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=TYPO_CUTOFF)
+    return close[0] if close else ""
+
+
+def check_metrics(cfg: C.MasterConfig, registry: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(problems, warnings) for the metric names that stop a run early or rank its checkpoints.
+
+    A typo of a metric the loop reports is an error with a did-you-mean. A name nothing here knows is
+    an error when the environment declares its metrics (``ComponentSpec.metrics``) and a warning when it
+    does not: it may be one of the environment's (docs/decisions.md, issue 12)."""
+    env, problems, warnings = cfg.env.name, [], []
+    declared = _env_metrics(registry, env)
+    val_known = VAL_METRICS + (declared or ())
+
+    def judge(key: str, shown: str, name: str, known: tuple[str, ...], families: tuple[str, ...], what: str,
+              unknown_is_error: bool, fix: Any) -> None:
+        verdict = _metric_verdict(name, known, families, VAL_WRONG_PREFIXES if known is val_known else ())
+        if verdict:
+            problems.append((key, f"{shown!r} is not {what} (did you mean {fix(verdict)!r}?)"))
+        elif verdict == "" and unknown_is_error:
+            problems.append((key, f"{shown!r} is not {what}: those are {', '.join(known)}"))
+        elif verdict == "" and known is TRAIN_METRICS:
+            warnings.append((key, f"{shown!r} is not a training metric grpo-sdk logs; it is found only if a "
+                             "plugin component logs it"))
+        elif verdict == "":
+            warnings.append((key, f"{shown!r} is not one of the validation metrics grpo-sdk reports "
+                             f"({', '.join(VAL_METRICS)}); it is found only if environment {env!r} reports it "
+                             "(it declares no metrics)"))
+
+    stop = cfg.grpo.stop_at_validation_metric
+    if stop is not None:
+        judge("grpo.stop_at_validation_metric", stop, stop, val_known, (), "a validation metric",
+              declared is not None, lambda n: n)
+    metric = cfg.checkpointing.metric_name
+    if metric is not None and metric.startswith("val:"):
+        judge("checkpointing.metric_name", metric, metric[4:], val_known, (), "a validation metric",
+              declared is not None, lambda n: f"val:{n}")
+    elif metric is not None and metric.startswith("train:"):
+        judge("checkpointing.metric_name", metric, metric[6:], TRAIN_METRICS, TRAIN_FAMILIES, "a training metric",
+              False, lambda n: f"train:{n}")
+    grpo = cfg.grpo
+    ckpt = cfg.checkpointing
+    if (metric or "").startswith("val:") and ckpt.enabled and ckpt.keep_top_k is not None and grpo.val_period == 0 \
+            and not grpo.val_at_end:
+        warnings.append(("checkpointing.metric_name", f"ranks checkpoints by {metric!r}, but validation never runs "
+                         "before a save (grpo.val_period=0): keep_top_k keeps the newest instead"))
+    return problems, warnings
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+ROLLOUT_BYTES_PER_TOKEN = 32  # token ids (8), masks, and 4-byte generation/old/reference logprobs and advantages
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not POSIX
+        return None
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def check_memory(cfg: C.MasterConfig) -> list[tuple[str, str]]:
+    """Warnings: a batch that cannot fit in this machine's memory. Only a warning, since `config
+    validate` may run on another machine than the run; with cluster.address the driver may be elsewhere."""
+    total = _physical_memory()
+    if cfg.cluster.address or not total:
+        return []
+    grpo, length = cfg.grpo, cfg.policy.max_total_sequence_length
+    multiplier = grpo.batch_multiplier if grpo.use_dynamic_sampling else 1
+    batches = [("grpo.num_prompts_per_step", "rollout", grpo.num_prompts_per_step * multiplier
+                * grpo.num_generations_per_prompt),
+               ("grpo.max_val_samples", "validation", grpo.max_val_samples * grpo.val_num_generations_per_prompt)]
+    warnings = []
+    for key, what, rows in batches:
+        need = rows * length * ROLLOUT_BYTES_PER_TOKEN
+        if need > total:
+            warnings.append((key, f"the {what} batch of {int(rows):,} rows x policy.max_total_sequence_length="
+                             f"{length} needs at least {_size(need)}, more than this machine's {_size(total)}"))
+    return warnings
+
+
+def config_warnings(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """Settings that are allowed but probably not what was meant; printed, never fatal."""
+    return check_metrics(cfg, registry)[1] + check_memory(cfg)
+
+
+MAX_TEMPLATE_WIDTH = 10_000  # `{prompt:>99999999999}` would pad every prompt to gigabytes
+
+
+def template_problems(template: str) -> list[str]:
+    """What `str.format_map` would raise on for every row, found before any row is read."""
+    try:
+        fields = [f for f in string.Formatter().parse(template) if f[1] is not None]
+    except ValueError as exc:  # "Single '{' encountered": a literal brace is written {{ or }}
+        return [f"{template!r} is not a format string: {exc} (write a literal brace as {{{{ or }}}})"]
+    problems = []
+    for _, name, spec, conversion in fields:
+        if name == "" or name.split(".")[0].split("[")[0].isdigit():
+            problems.append(f"{template!r}: positional field {{{name}}} has nothing to fill; name a key, e.g. "
+                            "{prompt}")
+        if conversion not in (None, "r", "s", "a"):
+            problems.append(f"{template!r}: unknown conversion !{conversion} (use !r, !s or !a)")
+        if any(int(n) > MAX_TEMPLATE_WIDTH for n in re.findall(r"\d+", spec or "")):
+            problems.append(f"{template!r}: format spec {spec!r} pads to more than {MAX_TEMPLATE_WIDTH:,} characters")
     return problems
 
 
@@ -279,6 +567,6 @@ def parse_duration(text: str) -> float:
 
 def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
-    return (check_batch_shape(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
-            + check_lifecycle(cfg, registry) + check_runtime(cfg, registry)
+    return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
+            + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
             + check_weight_sync(cfg, registry))

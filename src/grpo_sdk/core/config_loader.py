@@ -5,10 +5,15 @@ Override grammar (the Hydra subset): ``a.b=v`` sets, ``~a.b`` deletes (back to t
 ``+a.b=v`` and ``++a.b=v`` also set. Values are YAML (``8``, ``true``, ``null``, ``[1, 2]``).
 A file may inherit with a top-level ``defaults: base.yaml`` (or a list), paths relative to it.
 
+Files must be regular UTF-8 files; a key given twice in one mapping, nesting past 64 levels, an
+alias cycle and an alias bomb are errors naming the file and line (YAML itself would keep the
+second key silently).
+
 Structuring is strict, and every problem is collected before anything is reported:
 
 * unknown keys are errors naming the full path, with a did-you-mean;
-* ``"false"`` is not a bool, ``3.9`` is not an int, ``"abc"`` is not a list;
+* ``"false"`` is not a bool, ``3.9`` is not an int, ``"abc"`` is not a list; an int must fit in 64
+  bits and a string may not hold NUL;
 * a pluggable section's selected block is structured against the plugin's own config class
   (the registry imports only the light config module), unselected blocks are kept as written.
 
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import math
+import stat
 import types
 import typing
 from pathlib import Path
@@ -33,9 +40,11 @@ import cattrs
 import yaml
 
 from grpo_sdk.core import config as C
-from grpo_sdk.core.config_checks import check_config
+from grpo_sdk.core.config_checks import check_config, config_warnings
 from grpo_sdk.core.errors import ConfigError, PluginError
 from grpo_sdk.plugins.registry import import_target
+
+log = logging.getLogger(__name__)
 
 BUILTIN_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny_reverse.yaml"
 
@@ -43,22 +52,148 @@ BUILTIN_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny_reve
 # --- raw layer: YAML files and overrides ------------------------------------------------------
 
 
+MAX_DEFAULTS_DEPTH = 64  # a `defaults:` chain deeper than this is a mistake, not a recipe
+MAX_NESTING = 64  # a config nests a handful of levels; merging, structuring and dumping recurse per level
+MAX_VALUES = 1_000_000  # values once YAML aliases are expanded (`config show --format json` expands them)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: YAML keeps the last silently, so a
+    second ``grpo:`` block would replace the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then a key overrides it, by design
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if seen is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {seen.line + 1}); YAML would keep "
+                    "only the second silently, so merge the two", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text -> data; any problem is a one-line ConfigError naming ``where`` and the line."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        context = f" ({exc.context})" if exc.context and exc.context_mark is not None else ""
+        raise ConfigError([("", f"{where}{at}: not valid YAML: {exc.problem}{context}")]) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError([("", f"{where} line {line}: not valid YAML: character {char!r} is not allowed in "
+                                "YAML (a binary file?)")]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([("", f"{where}: not valid YAML: {' '.join(str(exc).split())}")]) from None
+    except RecursionError:  # PyYAML builds nested nodes recursively
+        raise ConfigError([("", f"{where}: nested too deeply to read (a config needs a few levels)")]) from None
+    problem = _shape_problem(data)
+    if problem:
+        raise ConfigError([("", f"{where}: {problem}")])
+    return data
+
+
+def _shape_problem(data: Any) -> str | None:
+    """What makes ``data`` no config tree: nesting past MAX_NESTING, an alias inside its own anchor (a
+    cycle), or aliases expanding past MAX_VALUES. Iterative, so it cannot hit the recursion limit itself."""
+    done: dict[int, tuple[int, int]] = {}  # id -> (depth, values once expanded)
+    path: set[int] = set()  # the containers being visited: meeting one again is a cycle
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        node, leaving = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        children = list(node.values()) if isinstance(node, dict) else node
+        inner = [c for c in children if isinstance(c, (dict, list))]
+        if leaving:
+            path.discard(id(node))
+            depth = 1 + max((done[id(c)][0] for c in inner), default=0)
+            values = 1 + len(children) - len(inner) + sum(done[id(c)][1] for c in inner)
+            if depth > MAX_NESTING:
+                return f"nested more than {MAX_NESTING} levels deep (a config needs a few)"
+            if values > MAX_VALUES:
+                return f"expands to more than {MAX_VALUES:,} values through YAML aliases"
+            done[id(node)] = (depth, values)
+        elif id(node) in path:
+            return "a YAML alias refers to a mapping or list that contains it (a cycle)"
+        elif id(node) not in done:
+            path.add(id(node))
+            stack.append((node, True))
+            for child in inner:
+                if id(child) in path:
+                    return "a YAML alias refers to a mapping or list that contains it (a cycle)"
+                stack.append((child, False))
+    return None
+
+
+def read_text(path: Path, what: str = "config file") -> str:
+    """A regular file's text, UTF-8; anything else is a ConfigError naming the file (and line)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError([("", f"{what} not found: {path}")]) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ConfigError([("", f"{what} {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})")]) from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError([("", f"{what} {path} is a directory; give a YAML file")])
+    if not stat.S_ISREG(mode):
+        # A FIFO would block until a writer comes, and a device is no config: write the YAML to a file.
+        raise ConfigError([("", f"{what} {path} is a {file_kind(mode)}, not a regular file; write the YAML to a "
+                                "file and give that")])
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([("", f"{what} {path}: cannot be read ({exc.strerror})")]) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        utf16 = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise ConfigError([("", f"{path} line {line}, column {column}: not UTF-8 (byte 0x{data[exc.start]:02x})"
+                                f"{utf16}; save the file as UTF-8")]) from None
+
+
+def file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")]
+    return next((name for test, name in kinds if test(mode)), "special file")
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a config file, following its ``defaults:`` chain (base files first)."""
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError([("", f"config file not found: {path}")])
+    via = f" (in `defaults:` of {_seen[-1]})" if _seen else ""
+    try:
+        text = read_text(path)
+    except ConfigError as exc:
+        raise ConfigError([("", exc.problems[0][1] + via)]) from None
     if path.resolve() in _seen:
         raise ConfigError([("", f"config file {path} inherits from itself through `defaults:`")])
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError([("", f"{path} is not valid YAML: {exc}")]) from exc
+    if len(_seen) >= MAX_DEFAULTS_DEPTH:
+        raise ConfigError([("", f"{path}: the `defaults:` chain is more than {MAX_DEFAULTS_DEPTH} files deep")])
+    data = parse_yaml(text, str(path))
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError([("", f"{path} must hold a mapping at the top level, not {type(data).__name__}")])
-    bases = data.pop("defaults", None) or []
+    bases = data.pop("defaults", None)
+    bases = [] if bases is None else [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list):
+        raise ConfigError([("", f"{path}: `defaults:` must be a file name or a list of file names, got "
+                                f"{_describe(bases)}")])
     merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
+    for i, base in enumerate(bases):
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError([("", f"{path}: `defaults:` item {i} must be a file name, got {_describe(base)}")])
         merged = deep_merge(merged, read_yaml(path.parent / base, _seen + (path.resolve(),)))
     return deep_merge(merged, data)
 
@@ -90,10 +225,11 @@ def apply_override(raw: dict[str, Any], text: str) -> None:
     key, sep, value_text = text.lstrip("+").partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError([("", f"override {text!r} is not of the form key.path=value")])
+    shown = value_text if len(value_text) <= 40 else value_text[:37] + "..."
     try:
-        value = yaml.safe_load(value_text) if value_text.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError([(key, f"override value {value_text!r} is not valid YAML: {exc}")]) from exc
+        value = parse_yaml(value_text, f"override value {shown!r}") if value_text.strip() else ""
+    except ConfigError as exc:
+        raise ConfigError([(key, exc.problems[0][1])]) from None
     *parents, leaf = key.split(".")
     node = raw
     for i, part in enumerate(parents):
@@ -134,12 +270,21 @@ def _join(prefix: str, rest: str) -> str:
 
 
 def _describe(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+    text = repr(value)
+    if len(text) > 60:  # a 400-digit integer or a 5000-character string: its start says enough
+        text = f"{text[:40]}... ({len(text)} characters)"
+    return text if isinstance(value, str) else f"{text} ({type(value).__name__})"
+
+
+INT64 = 2**63  # torch, numpy, JSON readers and C APIs take 64-bit integers; a larger one crashes them
+FLOAT32_MAX = 3.4028234663852886e38  # a clip of 1e308 overflows when torch turns it into a float32 tensor
 
 
 def _strict_int(value: Any, _t: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer, got {_describe(value)}")
+    if not -INT64 <= value < INT64:
+        raise ValueError(f"{_describe(value)} is out of range: integers must fit in 64 bits (|n| < 2**63)")
     return value
 
 
@@ -148,7 +293,10 @@ def _strict_float(value: Any, _t: Any) -> float:
         raise ValueError(f"expected a number, got {_describe(value)}")
     number = None
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(f"expected a finite number, got {_describe(value)}, too large for a float") from None
     elif isinstance(value, str):  # PyYAML reads `1e-5` (no dot) as a string
         try:
             number = float(value)
@@ -158,6 +306,9 @@ def _strict_float(value: Any, _t: Any) -> float:
         raise ValueError(f"expected a number, got {_describe(value)}")
     if not math.isfinite(number):
         raise ValueError(f"expected a finite number, got {value!r} (use null to disable an optional setting)")
+    if abs(number) > FLOAT32_MAX:
+        raise ValueError(f"{number:g} is out of range: numbers must fit in a 32-bit float (|x| <= 3.4e38), the "
+                         "dtype of the tensors they are applied to")
     return number
 
 
@@ -170,6 +321,8 @@ def _strict_bool(value: Any, _t: Any) -> bool:
 def _strict_str(value: Any, _t: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {_describe(value)}")
+    if "\x00" in value:  # no path, name or template may hold one; os and tokenizers reject it later
+        raise ValueError(f"contains a NUL character (\\x00): {value[:40]!r}")
     return value
 
 
@@ -227,6 +380,8 @@ class Structurer:
             return value
         if origin in (list, tuple) and not isinstance(value, (list, tuple)):
             raise _Problems([("", f"expected a list, got {_describe(value)}", False)])
+        if origin is tuple and args and Ellipsis not in args and len(value) != len(args):
+            raise _Problems([("", f"expected a list of {len(args)} values, got {_describe(value)}", False)])
         if origin is list and args and attrs.has(args[0]):  # a list of sections: each one strictly
             items, problems = [], []
             for i, item in enumerate(value):
@@ -263,6 +418,9 @@ class Structurer:
         extra_sections: dict[str, Any] = {}
 
         for key, value in data.items():
+            if not isinstance(key, str):  # `1: x` or `null: x` in YAML
+                problems.append((str(key), f"a key must be a string, got {_describe(key)}", False))
+                continue
             if key in fields:
                 continue
             block_name = self._block_name(slot, key, data) if slot is not None else None
@@ -384,6 +542,9 @@ def load_config(files: list[str] | None, overrides: list[str] | None, registry: 
     problems = check_config(cfg, registry)
     if problems:
         raise ConfigError(problems)
+    # Not fatal, but loud: the CLI configures no logging, so these reach stderr as they are.
+    for key, message in config_warnings(cfg, registry):
+        log.warning("grpo-sdk: warning: %s: %s", key, message)
     return cfg
 
 

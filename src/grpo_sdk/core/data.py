@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import random
+import stat
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Sequence
@@ -49,10 +50,19 @@ class Prompt:
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """``(where, row)`` for every row of a JSONL/JSON/Parquet file or a save_to_disk directory."""
     path = Path(path).expanduser()
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file or directory") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise DataError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if stat.S_ISDIR(mode):
         return _dataset_dir_rows(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file or directory")
+    if not stat.S_ISREG(mode):
+        # A FIFO would block the start-up until a writer comes, and is empty on resume.
+        kind = "FIFO (named pipe)" if stat.S_ISFIFO(mode) else "device or socket"
+        raise DataError(f"{path}: is a {kind}, not a regular file; the dataset is read whole at start-up and "
+                        "again on resume, so write it to a file")
     if path.suffix in (".jsonl", ".json"):
         return _jsonl_rows(path)
     if path.suffix == ".parquet":
@@ -71,16 +81,28 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
 
 def _jsonl_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    try:
+        f = open(path, "rb")  # bytes, so a non-UTF-8 line is named rather than crashing the reader
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror})") from None
+    with f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{path} line {line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                utf16 = " (it looks like UTF-16)" if line_no == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+                raise DataError(f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}){utf16}; "
+                                "JSON lines must be UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path} line {line_no}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
                                 "expected one JSON object per line") from None
+            except RecursionError:
+                raise DataError(f"{where}: nested too deeply to read; expected one JSON object per line") from None
             rows.append((where, row))
     return rows
 
@@ -92,7 +114,7 @@ def _dataset_dir_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
         raise DataError(f"{path}: reading a saved Hugging Face dataset needs datasets: {DATA_EXTRA}") from None
     try:
         ds = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # FileNotFoundError without its metadata files
         raise DataError(f"{path}: not a directory saved by datasets' save_to_disk ({exc})") from None
     label = str(path)
     if isinstance(ds, datasets.DatasetDict):  # a dict of splits: train on "train", or on the only split
@@ -128,6 +150,9 @@ class PromptBuilder:
         except (KeyError, IndexError) as exc:
             raise DataError(f"{where}: data.prompt_template {self.template!r} needs {exc}, which the row lacks; "
                             f"keys: {sorted(row)} and 'prompt'") from None
+        except (ValueError, TypeError, AttributeError) as exc:  # a format spec that does not fit the row's value
+            raise DataError(f"{where}: data.prompt_template {self.template!r} cannot be filled from this row: "
+                            f"{exc}") from None
 
     def encode(self, texts: Sequence[str]) -> tuple[list[str], list[list[int]] | None]:
         """The final texts and their token ids (None without a tokenizer)."""
@@ -409,14 +434,27 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
                                             key=f"data.datasets[{i}].path", label=f" (data.datasets[{i}])")
             parts.append(DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, salt=f"train{i}",
                                         num_filtered=dropped))
+        _check_step_fits(cfg, sum(len(p.prompts) for p in parts), "data.datasets",
+                         ", ".join(ds.path for ds in data.datasets))
         return MixturePrompts(parts, [ds.weight for ds in data.datasets])
     if data.train_path:
         prompts, dropped = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
+        _check_step_fits(cfg, len(prompts), "data.train_path", data.train_path)
         return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, num_filtered=dropped)
     if hasattr(environment, "sample_prompts"):
         return EnvironmentPrompts(environment, cfg.env.name, seed=seed, builder=builder,
                                   max_prompt_tokens=max_prompt_tokens)
     raise ConfigError([("data.train_path", f"required: environment {cfg.env.name!r} does not generate prompts")])
+
+
+def _check_step_fits(cfg: Any, size: int, key: str, where: str) -> None:
+    """A step draws each prompt at most once: a dataset smaller than a step would repeat prompts inside
+    it, as separate groups, and end epoch 1 in the first step (the config alone cannot know the size)."""
+    per_step = cfg.grpo.num_prompts_per_step
+    if size < per_step:
+        filtered = " after data.filter_long_prompts" if cfg.data.filter_long_prompts else ""
+        raise DataError(f"{key}: {where} holds {size} prompts{filtered}, fewer than the grpo.num_prompts_per_step="
+                        f"{per_step} every step draws; lower grpo.num_prompts_per_step or add data")
 
 
 def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
