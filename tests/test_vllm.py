@@ -152,7 +152,7 @@ def test_vllm_replicas_on_ray_take_weights_by_collective_broadcast(tmp_path, mod
     """The vLLM backend inside Ray generation workers, synced by the collective transport (a gloo
     broadcast from policy rank 0): logprobs keep agreeing with the policy across syncs."""
     pytest.importorskip("ray", reason="the vLLM lane installs ray for this test (.ci/vllm-lane)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # Ray token auth on, as users run it
     result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
                              f"policy.model_name={model_dir}", "grpo.max_num_steps=3", "grpo.val_period=0",
                              "cluster.runtime=ray", "cluster.generation_workers=2", "weight_sync.backend=collective",

@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from conftest import (SMALL, assert_no_traceback, assert_same_run, finish, grpoctl, metrics_of, start,
+from faults.campaign import (SMALL, assert_no_traceback, assert_same_run, finish, grpoctl, metrics_of, start,
                       wait_for_line)
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 ARGS = ["run", "--run-dir", "run", *SMALL]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_traceback, assert_same_run, grpoctl, sample
+from faults.campaign import assert_no_traceback, assert_same_run, grpoctl, sample
 
 from grpo_sdk.core.checkpoint import verify
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 
 def flip_byte(path: Path, offset: int = -100) -> None:

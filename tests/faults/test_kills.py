@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from conftest import SMALL, assert_no_traceback, assert_same_run, grpoctl, resume_until_done, sample, start
+from faults.campaign import SMALL, assert_no_traceback, assert_same_run, grpoctl, resume_until_done, sample, start
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 # (point, n): the n-th time the run gets there. Checkpoints are saved at steps 4, 8 and 12; top-2
 # pruning first removes step 4 while step 12 is saved; validation runs at steps 4, 8 and 12.

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from conftest import (SMALL, assert_no_traceback, assert_same_run, finish, grpoctl, resume_until_done, sample, start,
+from faults.campaign import (SMALL, assert_no_traceback, assert_same_run, finish, grpoctl, resume_until_done, sample, start,
                       wait_for_line)
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 SIGNALS = {"SIGTERM": 143, "SIGHUP": 129, "SIGINT": 130}
 ARGS = ["run", "--run-dir", "run", *SMALL, "checkpointing.save_period=100"]  # only the signal saves mid-run

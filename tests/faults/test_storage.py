@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL, assert_no_traceback, assert_same_run, grpoctl
+from faults.campaign import SMALL, assert_no_traceback, assert_same_run, grpoctl
 
 from grpo_sdk.core.checkpoint import CheckpointManager, verify
 from grpo_sdk.core.config import CheckpointingConfig
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 
 @contextlib.contextmanager

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_traceback, env, grpoctl
+from faults.campaign import assert_no_traceback, env, grpoctl
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 SHORT = ["grpo.max_num_steps=3", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
          "cluster.call_timeout_s=2", "grpo.val_period=0", "grpo.val_at_end=false"]

@@ -49,6 +49,10 @@ def guarded(fn: Callable[[], Any]) -> Any:
         return fn()
     except GrpoSdkError as exc:
         fail(str(exc), exc.exit_code)
+    except MemoryError:
+        fail("out of memory. A step holds grpo.num_prompts_per_step x grpo.num_generations_per_prompt sequences of "
+             "up to policy.max_total_sequence_length tokens (and validation grpo.val_batch_size of them): lower "
+             "those, or policy.train_micro_batch_size, or run on a machine with more memory.", ExitCode.FAILED)
     except KeyboardInterrupt as exc:  # StopNow carries the signal: exit 128 + its number
         print("interrupted", file=sys.stderr)
         raise typer.Exit(exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED))

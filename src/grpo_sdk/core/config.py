@@ -333,6 +333,12 @@ class EnvConfig:
                                                        "non-finite reward for a sample: `raise` stops the run "
                                                        "naming the sample; `mask` drops the sample from the loss "
                                                        "and counts it in reward/num_failed.")
+    max_failed_fraction: float = option(0.5, "With on_reward_error=mask: stop the run when more than this "
+                                        "fraction of the samples of the last failed_window_steps steps failed "
+                                        "(a step whose every sample failed always stops it).",
+                                        validator=[v.ge(0.0), v.le(1.0)])
+    failed_window_steps: int = option(10, "Steps over which max_failed_fraction is measured.",
+                                      validator=[positive, v.le(MAX_ROWS)])
     blocks: dict[str, Any] = _internal()
     configs: dict[str, Any] = _internal()
 
@@ -391,8 +397,9 @@ class ClusterConfig:
                                      validator=positive)
     env_workers: int = option(1, "Ray: environment actors; each scores a share of every batch.", validator=positive)
     env_max_concurrency: int = option(4, "Ray: environment calls in flight per environment actor.", validator=positive)
-    call_timeout_s: float = option(1800.0, "Ray: deadline of every remote call; a worker that does not answer in "
-                                   "time stops the run with an error naming it (no silent hangs).",
+    call_timeout_s: float = option(1800.0, "Deadline of every call into an environment in this process, and (Ray) "
+                                   "of every remote call; a call that does not return in time stops the run with "
+                                   "an error naming the worker or the sample (no silent hangs).",
                                    validator=[positive, v.le(MAX_TIMEOUT_S)])
     startup_timeout_s: float = option(600.0, "Ray: deadline for workers to start and load their models.",
                                       validator=[positive, v.le(MAX_TIMEOUT_S)])

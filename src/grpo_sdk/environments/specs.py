@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.core.config import MAX_THREADS, option
 from grpo_sdk.plugins import ComponentSpec
 
 
 @attrs.frozen(kw_only=True)
 class ReverseDigitsConfig:
     num_digits: int = option(5, "Length of the digit strings to reverse; 8 is a harder variant.",
-                             validator=attrs.validators.gt(0))
+                             validator=[attrs.validators.gt(0), attrs.validators.le(10_000)])  # a prompt must fit a context
 
 
 REVERSE_DIGITS = ComponentSpec(
@@ -40,7 +40,8 @@ class MathEnvConfig:
                                   validator=attrs.validators.gt(0))
     num_workers: int = option(0, "Processes that score responses in parallel; 0 scores in the calling process. "
                               "math-verify's timeouts need the main thread, so a call from another thread "
-                              "uses one worker process even when this is 0.", validator=attrs.validators.ge(0))
+                              "uses one worker process even when this is 0.",
+                              validator=[attrs.validators.ge(0), attrs.validators.le(MAX_THREADS)])
 
 
 MATH = ComponentSpec(

@@ -23,6 +23,7 @@ that must let it through a broad ``except Exception``).
 from __future__ import annotations
 
 import faulthandler
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -56,6 +57,15 @@ class CallTimeout(GrpoSdkError):
         self.elapsed = elapsed
 
 
+def _has_stderr_fd() -> bool:
+    """faulthandler writes to a real file descriptor; a captured stderr (pytest, a notebook) has none."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return False
+    return True
+
+
 def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what: str,
                        deadline_key: str = "cluster.call_timeout_s") -> Any:
     """``fn(*args)`` on a daemon thread, waited for at most ``timeout`` seconds.
@@ -72,7 +82,9 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
     # is a C thread that needs no GIL: past twice the deadline it prints every thread's stack (where
     # the hang is) and exits with code 1. It is the backstop; the thread deadline below answers first
     # whenever the interpreter can run.
-    faulthandler.dump_traceback_later(2 * timeout + 5, exit=True)
+    backstop = _has_stderr_fd()
+    if backstop:
+        faulthandler.dump_traceback_later(2 * timeout + 5, exit=True)
 
     def target() -> None:
         try:
@@ -86,7 +98,8 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
     try:
         finished = done.wait(timeout)
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        if backstop:
+            faulthandler.cancel_dump_traceback_later()
     if not finished:
         raise CallTimeout(f"{what} did not return within {timeout:g} s ({deadline_key})", call=what,
                           elapsed=timeout)

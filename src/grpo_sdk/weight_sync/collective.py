@@ -175,7 +175,9 @@ def join_op(worker: Any, group_id: str, host: str, port: int, rank: int, size: i
 
     worker.state.pop(STATE_KEY, None)  # another transport instance's group: dropped
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
+    from grpo_sdk.runtime.workers import tcp_store
+
+    store = tcp_store(worker, host, port, is_master=rank == 0, world_size=size, timeout=timeout)  # node address only
     prefixed = dist.PrefixStore(f"grpo_sdk/weight_sync/{group_id}", store)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
@@ -343,11 +345,11 @@ class CollectiveWeightSync:
     def _form_group(self, policy: Any, generation: Any) -> None:
         """The plan from rank 0's ``named_weights``, then every participant joins the broadcast group."""
         start = time.perf_counter()
-        from grpo_sdk.runtime.workers import address_op
+        from grpo_sdk.runtime.workers import store_address_op
 
         specs = self._wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
         plan = plan_buckets(specs, int(self.config.bucket_mb * (1 << 20)))
-        host, port = self._wait(policy, policy.submit(address_op, ranks=[0], name="collective_address"))[0]
+        host, port = self._wait(policy, policy.submit(store_address_op, ranks=[0], name="collective_address"))[0]
         group_id = uuid.uuid4().hex[:12]
         size = 1 + len(generation.workers)
         args = (group_id, host, port)

@@ -6,7 +6,7 @@ from typing import Literal
 
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.core.config import MAX_TOKENS, option
 
 
 @attrs.frozen(kw_only=True)
@@ -17,7 +17,7 @@ class HFGenerationConfig:
                            "decoding of small models, after a one-time compilation of ~20 s per (batch, prompt "
                            "width) shape; needs a C++ compiler on CPU. Uses SDPA attention.")
     prompt_bucket: int = option(8, "With compile: prompts are left-padded to a multiple of this width, so few "
-                                "shapes are compiled.", validator=attrs.validators.gt(0))
+                                "shapes are compiled.", validator=[attrs.validators.gt(0), attrs.validators.le(MAX_TOKENS)])
 
 
 @attrs.frozen(kw_only=True)
