@@ -88,7 +88,7 @@ def test_a_second_signal_stops_at_once(tmp_path):
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # ...a second one does not wait
     code, out, err = finish(proc)
-    assert code == 143
+    assert code == 143, (out[-2000:], err[-3000:])
     assert_no_traceback(err)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["reason"] == "SIGTERM"

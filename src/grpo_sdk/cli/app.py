@@ -75,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED)
     except Exception:  # noqa: BLE001 - last resort: a bug, not a user error
+        if STOP.stopped_now:  # a StopNow that C++ (torch, a callback) turned into another exception
+            print("interrupted", file=sys.stderr)
+            return exit_code_of(STOP.signum)
         traceback.print_exc()
         return int(ExitCode.FAILED)
     finally:
-        if STOP.requested:  # exiting because of a signal: a repeat must not kill the process mid-exit
-            STOP.exiting = True
+        if STOP.requested:
+            STOP.ignore_while_exiting()
         else:
             STOP.uninstall()
     return 0

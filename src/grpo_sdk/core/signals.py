@@ -43,8 +43,8 @@ class StopRequests:
     def __init__(self) -> None:
         self.signum: int | None = None  # the first stop signal received
         self.deferred = False  # True while a training loop will honour a request at its next safe point
+        self.stopped_now = False  # a StopNow was raised (library code may re-raise it as another exception)
         self.installed = False
-        self.exiting = False  # the process is on its way out because of a signal: ignore more of them
         self._previous: dict[int, Any] = {}
 
     @property
@@ -75,14 +75,21 @@ class StopRequests:
         self._previous.clear()
         self.installed = False
 
+    def ignore_while_exiting(self) -> None:
+        """The process is on its way out because of a signal: a repeat must not kill it with -N. Python
+        resets its own handlers to the default at finalization, but leaves SIG_IGN alone."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+        self.installed = False
+
     def reset(self) -> None:
-        self.signum, self.deferred, self.exiting = None, False, False
+        self.signum, self.deferred, self.stopped_now = None, False, False
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.exiting:
-            return
         if self.signum is not None or not self.deferred:
             self.signum = self.signum or signum
+            self.stopped_now = True  # whatever the raise turns into on its way up, it was this signal
             raise StopNow(signum)
         self.signum = signum
         print(f"\n{signal_name(signum)}: finishing this step and saving a checkpoint "
