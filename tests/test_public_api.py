@@ -95,7 +95,7 @@ PROTOCOLS = {
 # Each record's fields in order; "=" marks a field with a default (optional to construct).
 RECORDS = {
     "ComponentInfo": "kind, name, status, spec=, entry_point=, dist=, version=, problem=, hint=",
-    "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, summary=",
+    "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, metrics=, summary=",
     "ConfigSection": "name, config, summary=",
     "EnvironmentReturn": "rewards, done=, observations=, metadata=, metrics=",
     "GenerationInput": "input_ids, attention_mask",

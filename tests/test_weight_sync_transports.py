@@ -206,13 +206,14 @@ def run_threads(*targets):
 
 def collective_group(sender_items, receivers, bucket_bytes):
     """Policy rank 0 and the generation replicas joined to one gloo broadcast group, in threads."""
-    from grpo_sdk.runtime.workers import free_port
+    from grpo_sdk.runtime.workers import ComponentWorker
 
     policy = FakeWorker(FakePolicy(sender_items))
     generations = [FakeWorker(gen) for gen in receivers]
     plan = plan_buckets(describe(sender_items), bucket_bytes)
-    port, size = free_port(), 1 + len(generations)
-    joins = [lambda w=w, r=r: collective.join_op(w, "g", "127.0.0.1", port, r, size, "gloo", 30.0, plan)
+    host, port = ComponentWorker.store_address(policy)  # as the transport asks rank 0 (store_address_op)
+    size = 1 + len(generations)
+    joins = [lambda w=w, r=r: collective.join_op(w, "g", host, port, r, size, "gloo", 30.0, plan)
              for r, w in enumerate([policy, *generations])]
     assert run_threads(*joins) == ["cpu"] * size
     return policy, generations

@@ -54,22 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: a stop signal from here on is honoured (immediately until a training loop is
     # ready to stop at a step boundary), including one that arrives while torch imports.
     STOP.reset()
-    STOP.install()
-    from grpo_sdk.plugins.host import PluginHost
-
-    STATE.host, STATE.registry = PluginHost(), None
     try:
-        STATE.host.load_entry_points()
-    except GrpoSdkError as exc:  # only under GRPO_SDK_STRICT_PLUGINS
-        print(f"error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
-    for plugin in STATE.host.plugins:
-        if plugin.status != "ok":
-            print(f"grpo-sdk: warning: hook plugin {plugin.name!r} failed to load: {plugin.problem}", file=sys.stderr)
-    STATE.host.cli_commands(app)
-    try:
-        app(args=argv, standalone_mode=True)
+        STOP.install()
+        return _run_app(argv)
     except SystemExit as exc:
+        if STOP.stopped_now and exc.code != exit_code_of(STOP.signum):  # click turned a StopNow into Abort
+            print("interrupted", file=sys.stderr)
+            return exit_code_of(STOP.signum)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt as exc:  # a stop signal outside a command body (start-up, plugin loading)
         print("interrupted", file=sys.stderr)
@@ -85,6 +76,22 @@ def main(argv: list[str] | None = None) -> int:
             STOP.ignore_while_exiting()
         else:
             STOP.uninstall()
+
+
+def _run_app(argv: list[str] | None) -> int:
+    from grpo_sdk.plugins.host import PluginHost
+
+    STATE.host, STATE.registry = PluginHost(), None
+    try:
+        STATE.host.load_entry_points()
+    except GrpoSdkError as exc:  # only under GRPO_SDK_STRICT_PLUGINS
+        print(f"error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    for plugin in STATE.host.plugins:
+        if plugin.status != "ok":
+            print(f"grpo-sdk: warning: hook plugin {plugin.name!r} failed to load: {plugin.problem}", file=sys.stderr)
+    STATE.host.cli_commands(app)
+    app(args=argv, standalone_mode=True)
     return 0
 
 

@@ -277,19 +277,15 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     return problems
 
 
-# Built-in estimators whose advantage is the reward minus its group's (or leave-one-out) mean, so it is 0
-# for a group of one; the predicate reads the estimator's block. Transitional: estimators/specs.py should
-# declare the `group_baseline` capability (any plugin may already), and then this table goes.
-_BUILTIN_GROUP_BASELINES = {"grpo": lambda block: True, "rloo": lambda block: True, "gdpo": lambda block: True,
-                            "reinforce_plus_plus": lambda block: getattr(block, "minus_baseline", True)}
-
-
 def uses_group_baseline(cfg: C.MasterConfig, info: Any) -> bool:
-    est = cfg.grpo.adv_estimator
+    """Estimators declare the ``group_baseline`` capability; reinforce_plus_plus has one only with
+    ``minus_baseline`` (a capability cannot depend on the config, so it is read here)."""
     if info.spec is not None and "group_baseline" in info.spec.capabilities:
         return True
-    builtin = _BUILTIN_GROUP_BASELINES.get(est.name) if info.dist == "grpo-sdk" else None
-    return builtin is not None and builtin(C.plugin_config(est))
+    est = cfg.grpo.adv_estimator
+    if est.name == "reinforce_plus_plus" and info.dist == "grpo-sdk":
+        return bool(getattr(C.plugin_config(est), "minus_baseline", True))
+    return False
 
 
 # --- metric names -------------------------------------------------------------------------------

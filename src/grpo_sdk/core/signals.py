@@ -57,9 +57,9 @@ class StopRequests:
             return True
         if threading.current_thread() is not threading.main_thread():
             return False
+        self.installed = True  # first: a signal between the calls below must find uninstall() able to undo them
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
-        self.installed = True
         return True
 
     def reinstall(self) -> None:

@@ -24,6 +24,7 @@ REVERSE_DIGITS = ComponentSpec(
     impl="grpo_sdk.environments.reverse_digits:ReverseDigitsEnvironment",
     config="grpo_sdk.environments.specs:ReverseDigitsConfig",
     capabilities={"generates_prompts"},
+    metrics={"exact_match"},
     summary="Synthetic task: reverse a digit string; partial credit per correct position.",
 )
 
@@ -51,6 +52,7 @@ MATH = ComponentSpec(
     config="grpo_sdk.environments.specs:MathEnvConfig",
     requires=("math-verify>=0.7",),
     extra="math",
+    metrics={"extracted_fraction", "boxed_fraction"},
     summary="Math word problems: reward 1 when the final answer (\\boxed{} or plain) equals the gold answer "
             "under math-verify.",
 )

@@ -3,7 +3,9 @@
 Capabilities tell the training loop what an estimator needs beyond rewards, without the loop
 knowing estimator names: ``prev_logprobs`` (real old-policy logprobs, not the detached current
 ones), ``teacher_logprobs`` (a teacher model under ``on_policy_distillation``),
-``kl_in_reward`` (it folds ``loss_fn.use_kl_in_reward``'s KL into the advantages).
+``kl_in_reward`` (it folds ``loss_fn.use_kl_in_reward``'s KL into the advantages),
+``group_baseline`` (the advantage is relative to the group, so a group of one carries no signal:
+``num_generations_per_prompt: 1`` is a config error).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ GRPO = ComponentSpec(
     kind="estimator",
     impl="grpo_sdk.estimators.grpo:GRPOEstimator",
     config="grpo_sdk.estimators.specs:GRPOEstimatorConfig",
+    capabilities={"group_baseline"},
     summary="Group-relative advantages: leave-one-out or group-mean baseline, optional std normalization.",
 )
 
@@ -47,6 +50,7 @@ RLOO = ComponentSpec(
     name="rloo",
     kind="estimator",
     impl="grpo_sdk.estimators.rloo:RLOOEstimator",
+    capabilities={"group_baseline"},
     summary="REINFORCE leave-one-out: reward minus the mean of the group's other rewards, no std normalization.",
 )
 
@@ -55,7 +59,7 @@ GDPO = ComponentSpec(
     kind="estimator",
     impl="grpo_sdk.estimators.gdpo:GDPOEstimator",
     config="grpo_sdk.estimators.specs:GDPOEstimatorConfig",
-    capabilities={"reward_components"},
+    capabilities={"reward_components", "group_baseline"},
     summary="Multi-reward: one GRPO advantage per reward component, weighted sum, whitened over the batch.",
 )
 

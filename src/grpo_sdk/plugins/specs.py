@@ -88,6 +88,9 @@ class ComponentSpec:
     """The plugin API major this spec was written against."""
     capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     """Free-form flags checked at config time, e.g. ``{"colocated", "cuda_ipc"}``."""
+    metrics: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    """Names of the metrics the component reports (an environment's ``EnvironmentReturn.metrics``
+    keys); when declared, ``val:<name>`` in a config is checked against them at config time."""
     summary: str = ""
     """One line for ``grpoctl plugins list``."""
 

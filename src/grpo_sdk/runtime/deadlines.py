@@ -113,14 +113,15 @@ class EnvironmentDeadline:
     attribute is the environment's own (``hasattr`` answers as for the environment)."""
 
     def __init__(self, environment: Any, name: str, timeout: float):
-        self._environment, self._name, self._timeout = environment, name, timeout
+        self.component = environment  # the environment itself (for code that must know its class)
+        self._name, self._timeout = name, timeout
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
-        return call_with_deadline(self._environment.step, message_logs, metadata, timeout=self._timeout,
+        return call_with_deadline(self.component.step, message_logs, metadata, timeout=self._timeout,
                                   what=f"environment {self._name!r} step() on {len(message_logs)} samples")
 
     def __getattr__(self, item: str) -> Any:
-        value = getattr(self._environment, item)
+        value = getattr(self.component, item)
         if item != "sample_prompts":
             return value
         return lambda *args: call_with_deadline(value, *args, timeout=self._timeout,

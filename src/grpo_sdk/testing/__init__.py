@@ -453,9 +453,12 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
 
 
 def _check_built(trainer: Any, kind: str, name: str, registry: Registry) -> None:
-    """The run built the component under test (a runtime wrapper would hide it; local runs do not)."""
+    """The run built the component under test (seen through the local runtime's deadline wrapper)."""
     impl = registry.load_impl(kind, name)
     built = trainer.loggers if kind == "logger" else [getattr(trainer, kind)]  # the trainer names them by kind
+    from grpo_sdk.runtime.deadlines import EnvironmentDeadline
+
+    built = [obj.component if isinstance(obj, EnvironmentDeadline) else obj for obj in built]
     if inspect.isclass(impl) and not any(isinstance(obj, impl) for obj in built):
         raise ContractError(f"the run did not use {_label(kind, name)}: it built {[type(o).__name__ for o in built]}; "
                     f"do the overrides select another {KIND_LABELS[kind]}?")
