@@ -198,7 +198,18 @@ def test_an_unreadable_model_config_is_left_to_the_model_loader(registry, tmp_pa
     load_config(None, [f"policy.model_name={tmp_path}"], registry)
 
 
-def test_unknown_metric_names_are_loud_warnings(registry, caplog):
+def without_declared_metrics(registry, monkeypatch):
+    """reverse_digits as an environment that declares no metrics (as most third-party ones today)."""
+    import attrs
+
+    info = registry.info("environment", "reverse_digits")
+    bare = attrs.evolve(info, spec=attrs.evolve(info.spec, metrics=()))
+    monkeypatch.setattr(registry, "info", lambda kind, name, _real=registry.info: (
+        bare if (kind, name) == ("environment", "reverse_digits") else _real(kind, name)))
+
+
+def test_unknown_metric_names_are_loud_warnings_when_the_environment_declares_none(registry, caplog, monkeypatch):
+    without_declared_metrics(registry, monkeypatch)
     load_config(None, ["checkpointing.metric_name=val:exact_match", "grpo.stop_at_validation_metric=exact_match",
                        "grpo.stop_at_validation_threshold=0.9"], registry)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -206,14 +217,10 @@ def test_unknown_metric_names_are_loud_warnings(registry, caplog):
     assert warned[0].startswith("grpo-sdk: warning: grpo.stop_at_validation_metric: 'exact_match' is not one of")
 
 
-def test_declared_environment_metrics_make_unknown_names_errors(registry, monkeypatch):
-    import attrs
-
-    info = registry.info("environment", "reverse_digits")
-    spec = type("Spec", (), {"capabilities": info.spec.capabilities, "metrics": ("exact_match",)})()
-    monkeypatch.setattr(registry, "info", lambda kind, name, _real=registry.info: (
-        attrs.evolve(info, spec=spec) if (kind, name) == ("environment", "reverse_digits") else _real(kind, name)))
+def test_declared_environment_metrics_make_unknown_names_errors(registry, caplog):
+    assert registry.info("environment", "reverse_digits").spec.metrics == {"exact_match"}  # declared in its spec
     load_config(None, ["checkpointing.metric_name=val:exact_match"], registry)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
     found = config_problems(registry, "checkpointing.metric_name=val:exakt_match")
     assert "(did you mean 'val:exact_match'?)" in found["checkpointing.metric_name"]
     found = config_problems(registry, "checkpointing.metric_name=val:bleu")
