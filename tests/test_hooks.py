@@ -54,6 +54,9 @@ COMPONENTS = HEADER + """@hookimpl
 def grpo_components():
     return [ComponentSpec(name="acme-env", kind="environment", impl="acme_components.env:Env")]
 """
+COMPONENTS_RAISE = HEADER + "@hookimpl\ndef grpo_components():\n    raise RuntimeError('registry offline')\n"
+SECTIONS_RAISE = HEADER + "@hookimpl\ndef grpo_config_sections():\n    raise KeyError('no such section')\n"
+COMPONENTS_WRONG_TYPE = HEADER + "@hookimpl\ndef grpo_components():\n    return ['acme-env']\n"
 
 
 def add_hooks(site, dist: str, modules: dict[str, str], *, files: dict[str, str] | None = None) -> dict[str, str]:
@@ -336,7 +339,7 @@ def test_grpo_cli_commands_adds_a_working_subcommand(hook_site):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "hello tests from acme\n"
     # The plugin whose hook raised is reported; it does not stop the others.
-    assert "plugin 'acme-badcli' failed to add commands: RuntimeError: no commands today" in result.stderr
+    assert "hook grpo_cli_commands of plugin 'acme-badcli' raised RuntimeError: no commands today" in result.stderr
 
 
 def test_the_plugin_subcommand_is_in_help(hook_site):
@@ -358,3 +361,112 @@ def test_config_validate_rejects_a_bad_key_in_a_plugin_section(hook_site, overri
     result = hook_site.grpoctl("config", "validate", override)
     assert result.returncode == 2
     assert problem in result.stderr
+
+
+# --- every hook implementation is guarded, and called in pluggy's order -------------------------
+
+
+@pytest.fixture(scope="module")
+def broken_hooks_site(make_site):
+    """A working component plugin beside hook plugins whose registration hooks raise or return junk."""
+    site = make_site()
+    add_hooks(site, "acme-components", {"acme-components": COMPONENTS})
+    add_hooks(site, "acme-raise", {"acme-raise": COMPONENTS_RAISE, "acme-sections": SECTIONS_RAISE})
+    add_hooks(site, "acme-junk", {"acme-junk": COMPONENTS_WRONG_TYPE})
+    return site
+
+
+@pytest.mark.parametrize("argv", [["plugins", "list"], ["config", "validate"], ["doctor"]])
+def test_a_hook_plugin_whose_hooks_raise_never_breaks_the_host(broken_hooks_site, argv):
+    result = broken_hooks_site.grpoctl(*argv)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode in ((0, 4) if argv == ["doctor"] else (0,)), result.stderr[-2000:]
+    assert "hook grpo_components of plugin 'acme-raise' raised RuntimeError: registry offline" in result.stderr
+    assert "hook grpo_config_sections of plugin 'acme-sections' raised KeyError" in result.stderr
+    assert "plugin 'acme-junk': returned str, not a list of ComponentSpec" in result.stderr
+
+
+def test_broken_hook_plugins_are_listed_with_their_error_and_the_others_work(broken_hooks_site):
+    result = broken_hooks_site.grpoctl("plugins", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    listed = json.loads(result.stdout)
+    hooks = {h["name"]: h for h in listed["hooks"]}
+    assert hooks["acme-raise"]["status"] == "broken"
+    assert hooks["acme-raise"]["problem"] == "grpo_components: RuntimeError: registry offline"
+    assert hooks["acme-junk"]["problem"] == "grpo_components: returned str, not a list of ComponentSpec"
+    assert hooks["acme-components"]["status"] == "ok"
+    assert any(c["name"] == "acme-env" for c in listed["components"])  # the working plugin's component
+
+
+def test_strict_mode_makes_a_raising_registration_hook_an_error(broken_hooks_site):
+    result = broken_hooks_site.grpoctl("plugins", "list", strict=True)
+    assert result.returncode == 3
+    assert "Traceback" not in result.stderr
+    assert re.search(r"error: hook grpo_(components|config_sections) of plugin 'acme-\w+' failed: ", result.stderr)
+
+
+def test_hooks_run_in_pluggy_order_with_tryfirst_and_trylast(monkeypatch):
+    monkeypatch.delenv("GRPO_SDK_STRICT_PLUGINS", raising=False)
+    calls = []
+
+    def observer(label, **marks):
+        class Observer:
+            @hookimpl(**marks)
+            def grpo_step_end(self, step):
+                calls.append(label)
+
+        return Observer()
+
+    host = PluginHost()
+    host.register(observer("last", trylast=True), name="last")
+    host.register(observer("plain-1"), name="plain-1")
+    host.register(observer("first", tryfirst=True), name="first")
+    host.register(observer("plain-2"), name="plain-2")
+    host.step_end(run=None, step=1, metrics={})
+    assert calls == ["first", "plain-2", "plain-1", "last"]  # pluggy: tryfirst, then last registered first
+
+
+def test_a_wrapper_implementation_wraps_the_others(monkeypatch):
+    monkeypatch.delenv("GRPO_SDK_STRICT_PLUGINS", raising=False)
+    extra = ComponentSpec(name="wrapped-env", kind="environment", impl="mine:Env")
+
+    class Adds:
+        @hookimpl(wrapper=True)
+        def grpo_components(self):
+            results = yield
+            return [*results, [extra]]
+
+    host = PluginHost()
+    host.register(components_plugin(ComponentSpec(name="plain-env", kind="environment", impl="mine:Env")),
+                  name="plain")
+    host.register(Adds(), name="adds")
+    assert sorted(spec.name for _, spec in host.components()) == ["plain-env", "wrapped-env"]
+
+
+@pytest.mark.parametrize("where", ["before its yield", "after its yield"])
+def test_a_failing_wrapper_is_reported_and_the_result_is_as_without_it(monkeypatch, capsys, where):
+    monkeypatch.delenv("GRPO_SDK_STRICT_PLUGINS", raising=False)
+
+    class Breaks:
+        @hookimpl(wrapper=True)
+        def grpo_components(self):
+            if where == "before its yield":
+                raise RuntimeError("wrapper broke early")
+            yield
+            raise RuntimeError("wrapper broke late")
+
+    host = PluginHost()
+    host.register(components_plugin(ComponentSpec(name="plain-env", kind="environment", impl="mine:Env")),
+                  name="plain")
+    host.register(Breaks(), name="breaks")
+    assert [spec.name for _, spec in host.components()] == ["plain-env"]
+    assert "hook grpo_components of plugin 'breaks' raised RuntimeError: wrapper broke" in capsys.readouterr().err
+    assert plugin(host, "breaks").status == "broken" and plugin(host, "plain").status == "ok"
+
+
+def test_a_component_keeps_the_name_of_the_plugin_that_returned_it(monkeypatch):
+    monkeypatch.delenv("GRPO_SDK_STRICT_PLUGINS", raising=False)
+    host = PluginHost()
+    host.register(components_plugin(ComponentSpec(name="a-env", kind="environment", impl="m:A")), name="first")
+    host.register(components_plugin(ComponentSpec(name="b-env", kind="environment", impl="m:B")), name="second")
+    assert sorted((p, s.name) for p, s in host.components()) == [("first", "a-env"), ("second", "b-env")]

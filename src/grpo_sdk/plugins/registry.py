@@ -106,6 +106,7 @@ class Registry:
             for ep in md.entry_points(group=group):
                 info = _inspect_entry_point(kind, ep)
                 found[(kind, info.name)].append(info)
+        host.config_sections()  # called now so that a plugin whose section hook fails is listed as broken
         for plugin_name, spec in host.components():
             found[(spec.kind, spec.name)].append(_check_spec(
                 ComponentInfo(kind=spec.kind, name=spec.name, status="ok", spec=spec,
