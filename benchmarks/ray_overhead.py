@@ -68,7 +68,7 @@ def start_ray(variants: dict[str, list[str]]) -> None:
 
 def build(name: str, overrides: list[str], work: Path, steps: int):
     from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
     from grpo_sdk.plugins.registry import Registry
 
     registry = Registry.discover()
@@ -83,7 +83,7 @@ def build(name: str, overrides: list[str], work: Path, steps: int):
 def step(trainer) -> dict[str, float]:
     start = time.perf_counter()
     metrics, _ = trainer.train_step()
-    trainer.step += 1
+    trainer.state.step += 1
     return {**metrics, "wall": time.perf_counter() - start}
 
 
@@ -113,8 +113,8 @@ def main() -> None:
                     metrics = step(trainer)
                     if round_ >= args.warmup:
                         history[name].append(metrics)
-                    elif round_ == 0 and hasattr(trainer.weight_sync, "setup_seconds"):
-                        setup_sync[name] = trainer.weight_sync.setup_seconds
+                    elif round_ == 0 and hasattr(trainer.components.weight_sync, "setup_seconds"):
+                        setup_sync[name] = trainer.components.weight_sync.setup_seconds
                 if round_ + 1 == args.warmup or (round_ + 1 - args.warmup) % 10 == 0:
                     print(f"  round {round_ + 1}/{args.warmup + args.steps}, load avg {os.getloadavg()[0]:.2f}",
                           flush=True)

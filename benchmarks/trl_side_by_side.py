@@ -136,7 +136,7 @@ def build_sdk(model_dir: Path, work: Path, steps: int, compile_decode: bool = Fa
     import yaml
 
     from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
     from grpo_sdk.plugins import ComponentSpec, hookimpl
     from grpo_sdk.plugins.host import PluginHost
     from grpo_sdk.plugins.registry import Registry
@@ -174,7 +174,7 @@ def build_sdk(model_dir: Path, work: Path, steps: int, compile_decode: bool = Fa
     if compile_decode:  # compile before timing: a one-time cost per (rows, prompt width) shape
         start = time.perf_counter()
         sdk_step(trainer)
-        trainer.step -= 1
+        trainer.state.step -= 1
         print(f"grpo-sdk with policy.generation.hf.compile=true: compile warm-up step {time.perf_counter() - start:.1f} s")
     return trainer
 
@@ -182,7 +182,7 @@ def build_sdk(model_dir: Path, work: Path, steps: int, compile_decode: bool = Fa
 def sdk_step(trainer) -> dict[str, float]:
     start = time.perf_counter()
     metrics, _ = trainer.train_step()
-    trainer.step += 1
+    trainer.state.step += 1
     return {**metrics, "wall": time.perf_counter() - start}
 
 
@@ -211,7 +211,7 @@ class BareGRPO:
     def __init__(self, model_dir: Path, tokenizer, cache_arg: str):
         from transformers import AutoModelForCausalLM
 
-        from grpo_sdk.core.rollout import left_pad
+        from grpo_sdk.trainer.rollout import left_pad
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.0)
@@ -246,11 +246,11 @@ class BareGRPO:
 def bench_generation(trainer, reps: int, warmup: int) -> tuple[float, float]:
     """tokens/s of the bare loop and of HFGeneration.generate, interleaved, same model and inputs."""
     from grpo_sdk.core.records import GenerationInput, SamplingParams
-    from grpo_sdk.core.rollout import left_pad, tokenize_prompts
+    from grpo_sdk.trainer.rollout import left_pad, tokenize_prompts
 
-    gen = trainer.generation
-    ids = tokenize_prompts(trainer.tokenizer, trainer.prompts.next_prompts(P), trainer.max_prompt_tokens)
-    input_ids, attention_mask = left_pad([row for row in ids for _ in range(G)], trainer.tokenizer.pad_token_id)
+    gen = trainer.components.generation
+    ids = tokenize_prompts(trainer.components.tokenizer, trainer.components.prompts.next_prompts(P), trainer.components.max_prompt_tokens)
+    input_ids, attention_mask = left_pad([row for row in ids for _ in range(G)], trainer.components.tokenizer.pad_token_id)
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
     generator = torch.Generator().manual_seed(0)
     tokens = input_ids.shape[0] * NEW_TOKENS

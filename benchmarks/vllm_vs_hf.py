@@ -31,7 +31,7 @@ SETUPS = {
 
 def trainer(model_dir: Path, run_dir: Path, overrides: list[str]):
     from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
     from grpo_sdk.plugins.registry import Registry
 
     registry = Registry.discover()

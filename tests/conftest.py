@@ -113,7 +113,7 @@ def config_problems(registry, *overrides: str) -> dict[str, str]:
 def prompt_batch(tokenizer, texts):
     """Left-padded ``GenerationInput`` of ``texts``, as the loop builds it."""
     from grpo_sdk.core.records import GenerationInput
-    from grpo_sdk.core.rollout import left_pad
+    from grpo_sdk.trainer.rollout import left_pad
 
     ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
     return GenerationInput(input_ids=ids, attention_mask=mask)
@@ -139,7 +139,7 @@ def train_batch(inputs, out):
 def small_trainer(registry, run_dir, model_dir, *overrides):
     """A set-up GRPOTrainer on the built-in recipe with a local model and 4 x 4 rollouts."""
     from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", "grpo.num_prompts_per_step=4",
                              "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=2", *overrides], registry)

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from grpo_sdk.core import config as C
-from grpo_sdk.core import data as D
+from grpo_sdk.trainer import data as D
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.environments.specs import ReverseDigitsConfig
@@ -154,7 +154,7 @@ def test_long_prompt_is_an_error_naming_the_row_and_the_limit(tmp_path, tokenize
 def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer, caplog):
     path = write_jsonl(tmp_path / "d.jsonl", LONG_ROWS)
     limit = len(tokenizer(LONG_ROWS[5]["prompt"])["input_ids"])
-    with caplog.at_level(logging.WARNING, logger="grpo_sdk.core.data"):
+    with caplog.at_level(logging.WARNING, logger="grpo_sdk.trainer.data"):
         source = D.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, limit)
     assert source.num_filtered == 4 and len(source.prompts) == 6
     assert sorted(p.metadata["k"] for p in source.prompts) == [0, 1, 2, 3, 4, 5]

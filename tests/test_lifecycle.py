@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_sdk.core.checkpoint import STATUS_FILE, CheckpointManager
+from grpo_sdk.trainer.checkpoint import STATUS_FILE, CheckpointManager
 from grpo_sdk.core.config import CheckpointingConfig
 
 # A small run: 4 prompts x 8 generations, validation every 8 steps, a checkpoint every 4.

@@ -55,6 +55,7 @@ PUBLIC_NAMES = [
     "PluginError",
     "Policy",
     "RunContext",
+    "RunStatus",
     "SUPPORTED_PLUGIN_APIS",
     "SamplingParams",
     "SyncStats",
@@ -95,7 +96,7 @@ PROTOCOLS = {
 # Each record's fields in order; "=" marks a field with a default (optional to construct).
 RECORDS = {
     "ComponentInfo": "kind, name, status, spec=, entry_point=, dist=, version=, problem=, hint=",
-    "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, metrics=, summary=",
+    "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, metrics=, summary=, check=",
     "ConfigSection": "name, config, summary=",
     "EnvironmentReturn": "rewards, done=, observations=, metadata=, metrics=",
     "GenerationInput": "input_ids, attention_mask",

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from grpo_sdk.core.checkpoint import CheckpointManager
+from grpo_sdk.trainer.checkpoint import CheckpointManager
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationOutput
@@ -36,7 +36,7 @@ needs_ray = pytest.mark.usefixtures("ray_cluster")
 
 
 def trainer_for(tmp_path, name, *overrides, registry=None, resume=False):
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
 
     registry = registry or Registry.discover()
     cfg = load_config(None, list(overrides), registry)
@@ -149,11 +149,11 @@ def test_disk_transport_in_process_leaves_generation_with_the_policy_weights(tmp
     trainer.setup()
     try:
         trainer.train()
-        policy = dict(trainer.policy.named_weights())
-        generation = trainer.generation.model.state_dict()
+        policy = dict(trainer.components.policy.named_weights())
+        generation = trainer.components.generation.model.state_dict()
         assert set(generation) == set(policy)
         assert all(torch.equal(generation[k], policy[k]) for k in policy)
-        assert trainer.generation.weight_version == 2
+        assert trainer.components.generation.weight_version == 2
         assert list((tmp_path / "disk" / "weight_sync").iterdir()) == []  # each file removed once loaded
     finally:
         trainer.shutdown()
@@ -177,13 +177,13 @@ def test_a_short_run_with_replicas_and_an_environment_pool_and_the_disk_transpor
         assert all(0 < m["generated_tokens"] <= 128 * 5 for m in steps)
         assert all(0.0 <= m["reward/mean"] <= 1.0 and "env/exact_match" in m for m in steps)
 
-        policy = dict(trainer.policy.named_weights())
-        replicas = trainer.generation.run(state_dict_op)
+        policy = dict(trainer.components.policy.named_weights())
+        replicas = trainer.components.generation.run(state_dict_op)
         assert len(replicas) == 2
         for weights in replicas:
             assert set(weights) == set(policy)
             assert all(torch.equal(weights[k], policy[k]) for k in policy)
-        assert trainer.generation.weight_versions() == [3, 3]
+        assert trainer.components.generation.weight_versions() == [3, 3]
         assert list((tmp_path / "ray" / "weight_sync").iterdir()) == []
 
         # Replica 0's sampler state where the in-process runtime keeps it, replica 1's next to it.

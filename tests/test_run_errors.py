@@ -117,15 +117,15 @@ def test_masked_reward_failures_leave_the_loss_and_are_counted(registry, tmp_pat
 
 def test_nan_loss_stops_before_the_optimizer_step(registry, tmp_path, tiny_model_dir):
     trainer = trainer_for(registry, tmp_path, tiny_model_dir, "grpo.adv_estimator.name=nan_adv")
-    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.components.policy.model.state_dict().items()}
     with pytest.raises(NonFiniteError, match=r"step 1: loss is nan in optimizer step 1, rows 0\.\.15"):
         trainer.train()
-    assert all(torch.equal(before[k], v) for k, v in trainer.policy.model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in trainer.components.policy.model.state_dict().items())
 
 
 def test_infinite_gradient_names_the_parameter(registry, tmp_path, tiny_model_dir):
     trainer = trainer_for(registry, tmp_path, tiny_model_dir)
-    weight = dict(trainer.policy.model.named_parameters())["transformer.h.1.mlp.c_fc.weight"]
+    weight = dict(trainer.components.policy.model.named_parameters())["transformer.h.1.mlp.c_fc.weight"]
     weight.register_hook(lambda grad: grad * math.inf)
     before = weight.detach().clone()
     with pytest.raises(NonFiniteError, match=r"step 1: gradient norm is (inf|nan) in optimizer step 1 "

@@ -100,13 +100,13 @@ def teacher_dir(tmp_path_factory):
 def test_variant_trains_without_nan(name, registry, tmp_path, tiny_model_dir, teacher_dir):
     overrides = [o.format(teacher_dir=teacher_dir) for o in VARIANTS[name]]
     trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "policy.train_micro_batch_size=5", *overrides)
-    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.components.policy.model.state_dict().items()}
     for _ in range(3):
         metrics, _ = trainer.train_step()
-        trainer.step += 1
+        trainer.state.step += 1
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v) and not k.endswith(("_min", "_max"))}
         assert not bad, f"non-finite metrics: {bad}"
-    after = trainer.policy.model.state_dict()
+    after = trainer.components.policy.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "three steps left the weights unchanged"
     for key in ("loss", "grad_norm", "token_mult_prob_error", "reward/mean"):
         assert key in metrics
@@ -118,10 +118,10 @@ def test_opd_advantages_are_teacher_minus_student_logprobs(registry, tmp_path, t
                             "grpo.num_generations_per_prompt=2", "grpo.adv_estimator.name=opd",
                             f"on_policy_distillation.teacher_model={teacher_dir}")
     seen = {}
-    train = trainer.policy.train
-    trainer.policy.train = lambda batch, loss_fn: seen.setdefault("batch", batch) and train(batch, loss_fn)
+    train = trainer.components.policy.train
+    trainer.components.policy.train = lambda batch, loss_fn: seen.setdefault("batch", batch) and train(batch, loss_fn)
     metrics, _ = trainer.train_step()
     batch = seen["batch"]
-    expected = (trainer.teacher.logprobs(batch) - batch.prev_logprobs) * batch.token_mask
+    expected = (trainer.components.teacher.logprobs(batch) - batch.prev_logprobs) * batch.token_mask
     torch.testing.assert_close(batch.advantages, expected)
     assert metrics["on_policy_distillation/teacher_student_logprob_gap_mean"] != 0

@@ -388,9 +388,9 @@ def test_cuda_ipc_on_a_gpu(tmp_path):
         steps = []
         trainer.train(on_step=lambda step, metrics: steps.append(dict(metrics)))
         assert_replicas_hold_the_policy_weights(trainer, version=3)
-        stats = trainer.weight_sync.sync_weights(trainer.policy, trainer.generation, version=4)
-        assert stats.num_tensors == len(dict(trainer.policy.named_weights()))
-        assert trainer.generation.weight_versions() == [4]
+        stats = trainer.components.weight_sync.sync_weights(trainer.components.policy, trainer.components.generation, version=4)
+        assert stats.num_tensors == len(dict(trainer.components.policy.named_weights()))
+        assert trainer.components.generation.weight_versions() == [4]
     finally:
         trainer.shutdown()
     assert len(steps) == len(on_disk) == 3
@@ -403,7 +403,7 @@ def test_cuda_ipc_on_a_gpu(tmp_path):
 
 
 def trainer_for(tmp_path, name, *overrides):
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
 
     registry = Registry.discover()
     return GRPOTrainer(load_config(None, list(overrides), registry), run_dir=tmp_path / name, registry=registry)
@@ -427,14 +427,14 @@ def results(steps):
 def assert_replicas_hold_the_policy_weights(trainer, *, version):
     from grpo_sdk.runtime.workers import state_dict_op
 
-    policy = dict(trainer.policy.named_weights())
-    replicas = trainer.generation.run(state_dict_op)
+    policy = dict(trainer.components.policy.named_weights())
+    replicas = trainer.components.generation.run(state_dict_op)
     for weights_of_replica in replicas:
         assert set(weights_of_replica) == set(policy)
         for name, tensor in policy.items():
             assert weights_of_replica[name].dtype == tensor.dtype
             assert torch.equal(weights_of_replica[name], tensor), name
-    assert trainer.generation.weight_versions() == [version] * len(replicas)
+    assert trainer.components.generation.weight_versions() == [version] * len(replicas)
 
 
 @needs_ray
@@ -452,12 +452,12 @@ def test_collective_gives_replicas_the_policy_weights_and_the_disk_results(tmp_p
         trainer.train(on_step=lambda step, metrics: steps.append(dict(metrics)))
         assert [m["generation/weight_version"] for m in steps] == [0.0, 1.0, 2.0]
         assert_replicas_hold_the_policy_weights(trainer, version=3)
-        assert len(trainer.weight_sync.plan) > 1
-        stats = trainer.weight_sync.sync_weights(trainer.policy, trainer.generation, version=7)
-        policy = dict(trainer.policy.named_weights())
+        assert len(trainer.components.weight_sync.plan) > 1
+        stats = trainer.components.weight_sync.sync_weights(trainer.components.policy, trainer.components.generation, version=7)
+        policy = dict(trainer.components.policy.named_weights())
         assert (stats.version, stats.num_tensors) == (7, len(policy))
         assert stats.num_bytes == sum(t.numel() * t.element_size() for t in policy.values())
-        assert trainer.generation.weight_versions() == [7, 7]
+        assert trainer.components.generation.weight_versions() == [7, 7]
     finally:
         trainer.shutdown()
     on_disk = train(trainer_for(tmp_path, "disk", *args, "weight_sync.backend=disk"))
@@ -500,12 +500,12 @@ def test_a_replica_lost_mid_broadcast_stops_the_sync_with_a_worker_error(tmp_pat
     try:
         trainer.setup()
         trainer.train()  # the first sync forms the group
-        assert trainer.generation.weight_versions() == [1, 1]
-        trainer.generation.run(install_fault(kind, after=3), ranks=[1])
-        victim = trainer.generation.workers[1].label
+        assert trainer.components.generation.weight_versions() == [1, 1]
+        trainer.components.generation.run(install_fault(kind, after=3), ranks=[1])
+        victim = trainer.components.generation.workers[1].label
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            trainer.weight_sync.sync_weights(trainer.policy, trainer.generation, version=2)
+            trainer.components.weight_sync.sync_weights(trainer.components.policy, trainer.components.generation, version=2)
         elapsed = time.monotonic() - start
     finally:
         trainer.shutdown()

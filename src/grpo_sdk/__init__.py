@@ -1,7 +1,7 @@
 """grpo-sdk: GRPO-family RL post-training of language models, as a small core plus plugins.
 
 Importing this package is cheap on purpose: nothing here touches torch, transformers or ray.
-The training loop and backends are imported when a run starts (`grpo_sdk.core.loop`).
+The training loop and backends are imported when a run starts (`grpo_sdk.trainer`).
 Plugin authors import from `grpo_sdk.plugins`.
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_sdk.core.checkpoint import CheckpointManager
+from grpo_sdk.trainer.checkpoint import CheckpointManager
 from grpo_sdk.core.config import CheckpointingConfig
 
 HERE = Path(__file__).parent

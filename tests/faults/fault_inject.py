@@ -27,14 +27,12 @@ This is a test fixture, not part of grpo-sdk: it patches private functions by na
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import shutil
 import signal
 
-from grpo_sdk.core import checkpoint as checkpoint_module
-from grpo_sdk.core import loop as loop_module
-from grpo_sdk.core import run as run_module
+from grpo_sdk.trainer import checkpoint as checkpoint_module
+from grpo_sdk.trainer import trainer as trainer_module
 from grpo_sdk.loggers import jsonl as jsonl_module
 from grpo_sdk.recipes import tiny_model
 
@@ -69,9 +67,9 @@ def _wrap(owner, name, before=None, after=None):
     setattr(owner, name, wrapper)
 
 
-_wrap(run_module, "write_checkpoint", after=lambda *a, **k: reached("checkpoint.contents"))
-_wrap(run_module, "validate", before=lambda *a, **k: reached("validation"))
-_wrap(loop_module.GRPOTrainer, "train_step", before=lambda *a, **k: reached("step"))
+_wrap(trainer_module.GRPOTrainer, "_write_checkpoint", after=lambda *a, **k: reached("checkpoint.contents"))
+_wrap(trainer_module.GRPOTrainer, "validate", before=lambda *a, **k: reached("validation"))
+_wrap(trainer_module.GRPOTrainer, "train_step", before=lambda *a, **k: reached("step"))
 
 
 def _status(path, data):  # the first write_json_atomic of a save is the status file, after the rename
@@ -99,10 +97,9 @@ def _remove(self, path):
 
 checkpoint_module.CheckpointManager._remove = _remove
 
-_build = tiny_model.BUILTIN_MODELS["tiny-gpt2"]
+_build = tiny_model.BUILDERS["tiny-gpt2"]
 
 
-@functools.wraps(_build)  # keeps the signature: config checks read the built-in model's defaults from it
 def _build_then_fault(out_dir, seed, **kwargs):
     out = _build(out_dir, seed, **kwargs)
     (out / "tokenizer.json").unlink()  # as if the kill came before the tokenizer was saved
@@ -111,9 +108,9 @@ def _build_then_fault(out_dir, seed, **kwargs):
     return out
 
 
-tiny_model.BUILTIN_MODELS["tiny-gpt2"] = _build_then_fault
+tiny_model.BUILDERS["tiny-gpt2"] = _build_then_fault
 
-_write_text = loop_module.write_text_atomic
+_write_text = trainer_module.write_text_atomic
 
 
 def _config_write(path, text):
@@ -123,7 +120,7 @@ def _config_write(path, text):
     _write_text(path, text)
 
 
-loop_module.write_text_atomic = _config_write
+trainer_module.write_text_atomic = _config_write
 
 _log = jsonl_module.JSONLLogger.log_metrics
 

@@ -13,7 +13,7 @@ import pytest
 
 from faults.campaign import assert_no_traceback, assert_same_run, grpoctl, sample
 
-from grpo_sdk.core.checkpoint import verify
+from grpo_sdk.trainer.checkpoint import verify
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -70,7 +70,7 @@ def test_sigterm_during_a_save_completes_that_checkpoint(tmp_path, reference):
     assert killed.returncode == 143, killed.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["checkpoint"].endswith("step_8")
-    from grpo_sdk.core.checkpoint import verify
+    from grpo_sdk.trainer.checkpoint import verify
 
     assert verify(tmp_path / "run" / "checkpoints" / "step_8") is None
     resumed = grpoctl("run", "--resume", "run", cwd=tmp_path)

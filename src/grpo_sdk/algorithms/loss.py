@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from grpo_sdk.algorithms.loss_checks import TIS_TYPES, check_loss_config
+from grpo_sdk.core.loss_checks import TIS_TYPES, check_loss_config
 from grpo_sdk.algorithms.rewards import seq_logprob_errors
 from grpo_sdk.core.config import LossConfig
 from grpo_sdk.core.errors import ConfigError

@@ -14,7 +14,7 @@ import typer
 from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
-from grpo_sdk.core.signals import STOP, StopNow, exit_code_of
+from grpo_sdk.trainer.signals import STOP, StopNow, exit_code_of
 
 app = typer.Typer(
     name="grpoctl",

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import typer
 
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
-from grpo_sdk.core.signals import StopNow, exit_code_of
+from grpo_sdk.trainer.signals import StopNow, exit_code_of
 
 EPILOG = ("Exit codes: 0 ok, 1 run failed, 2 usage or config error, 3 plugin error, "
           "4 doctor check failed, 130 interrupted (SIGINT), 143 terminated (SIGTERM), 129 hung up (SIGHUP).")

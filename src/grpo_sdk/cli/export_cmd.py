@@ -23,7 +23,7 @@ def export(run_dir: Path = typer.Argument(..., help="A run directory."),
 def _export(run_dir: Path, out: Path, step: int | None, best: bool) -> None:
     import yaml
 
-    from grpo_sdk.core.checkpoint import CheckpointManager
+    from grpo_sdk.trainer.checkpoint import CheckpointManager
     from grpo_sdk.core.config import CheckpointingConfig
 
     saved = run_dir / "config.resolved.yaml"

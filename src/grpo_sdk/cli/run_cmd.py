@@ -14,8 +14,8 @@ import typer
 
 from grpo_sdk.cli.common import STATE, get_registry, guarded
 from grpo_sdk.core.errors import ConfigError
-from grpo_sdk.core.run_dir import RunLock, check_storage
-from grpo_sdk.core.signals import STOP, exit_code_of
+from grpo_sdk.trainer.run_dir import RunLock, check_storage
+from grpo_sdk.trainer.signals import STOP, exit_code_of
 
 
 def run(
@@ -60,7 +60,7 @@ def _finished_message(manager, cfg) -> str | None:
     """Torch-free: "already finished" when the latest checkpoint is at max_num_steps and verifies."""
     import json
 
-    from grpo_sdk.core.checkpoint import STATE_FILE, verify
+    from grpo_sdk.trainer.checkpoint import STATE_FILE, verify
 
     latest = manager.latest()
     try:
@@ -95,7 +95,7 @@ def _import_plugin_module(name: str) -> None:
 
 def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
          progress: bool | None, resume: bool) -> None:
-    from grpo_sdk.core.checkpoint import CheckpointManager
+    from grpo_sdk.trainer.checkpoint import CheckpointManager
     from grpo_sdk.core.config_loader import load_config
 
     registry = get_registry()
@@ -120,7 +120,7 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
         raise ConfigError([("--run-dir", f"{run_dir} already holds a run without a checkpoint (metrics.jsonl); "
                                          "choose another directory, or restart it with --resume")])
 
-    from grpo_sdk.core.loop import GRPOTrainer  # imports torch
+    from grpo_sdk.trainer.trainer import GRPOTrainer  # imports torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress

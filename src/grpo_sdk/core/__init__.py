@@ -1,5 +1,5 @@
-"""The core: protocols, records, config and the training loop.
+"""The contract layer: protocols, records, config and errors. It imports nothing else of grpo-sdk.
 
-``protocols``, ``records``, ``config``, ``config_loader`` and ``errors`` are light (no torch).
-``loop`` and ``context`` import torch and are imported only when a run starts.
+Light to import (no torch): the CLI validates configs with it before anything heavy loads. The
+training run itself is ``grpo_sdk.trainer``.
 """

@@ -8,7 +8,8 @@ seed's silent no-ops (a switch set where nothing reads it) are errors here.
 from __future__ import annotations
 
 import difflib
-import inspect
+import functools
+import importlib
 import json
 import os
 import re
@@ -16,7 +17,10 @@ import string
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from grpo_sdk.core import config as C
+from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 
 
 def check_batch_shape(cfg: C.MasterConfig) -> list[tuple[str, str]]:
@@ -67,14 +71,10 @@ def model_facts(model_name: str) -> tuple[str, dict[str, Any]] | None:
     """``(where, config)`` of a model whose config is known without torch: the built-in tiny model or a
     local directory with a readable config.json; None for a hub name (its config is not here yet)."""
     if model_name.startswith("builtin:"):
-        from grpo_sdk.recipes import tiny_model  # light: it imports torch only inside its builders
-
-        builder = tiny_model.BUILTIN_MODELS.get(model_name.split(":", 1)[1])
-        if builder is None:
+        model = BUILTIN_MODELS.get(model_name.split(":", 1)[1])
+        if model is None:
             return None
-        positions = inspect.signature(builder).parameters["n_positions"].default
-        vocab = len(tiny_model.SPECIAL_TOKENS) + len(tiny_model.CHARACTERS)
-        return f"built-in model {model_name}", {"n_positions": positions, "vocab_size": vocab}
+        return f"built-in model {model_name}", {"n_positions": model.n_positions, "vocab_size": model.vocab_size}
     path = Path(model_name).expanduser() / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
@@ -126,8 +126,6 @@ def check_model(cfg: C.MasterConfig) -> list[tuple[str, str]]:
     """Sequence lengths against the model's context and token ids against its vocabulary."""
     name, problems = cfg.policy.model_name, []
     if name.startswith("builtin:"):
-        from grpo_sdk.recipes.tiny_model import BUILTIN_MODELS
-
         if name.split(":", 1)[1] not in BUILTIN_MODELS:
             return [("policy.model_name", f"unknown built-in model {name!r}; built-ins: "
                      + ", ".join(f"builtin:{n}" for n in sorted(BUILTIN_MODELS)))]
@@ -189,7 +187,7 @@ def check_rewards(cfg: C.MasterConfig) -> list[tuple[str, str]]:
 
 def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]:
     """Loss options against each other, and against the estimator's declared capabilities."""
-    from grpo_sdk.algorithms.loss_checks import check_loss_config
+    from grpo_sdk.core.loss_checks import check_loss_config
 
     loss, grpo, problems = cfg.loss_fn, cfg.grpo, []
     problems += check_loss_config(loss, grpo.seq_logprob_error_threshold)
@@ -198,9 +196,6 @@ def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
         problems.append(("loss_fn.force_on_policy_ratio",
                          "requires policy.train_global_batch_size == grpo.num_prompts_per_step x "
                          f"grpo.num_generations_per_prompt ({rollout_rows}) or null: one optimizer step per rollout"))
-    if grpo.skip_reference_policy_logprobs_calculation and loss.reference_policy_kl_penalty != 0:
-        problems.append(("grpo.skip_reference_policy_logprobs_calculation",
-                         "requires loss_fn.reference_policy_kl_penalty == 0 (the KL needs reference logprobs)"))
     info = registry.info("estimator", grpo.adv_estimator.name) if registry is not None else None
     capabilities = info.spec.capabilities if info is not None and info.spec is not None else frozenset()
     if info is not None and info.spec is not None:
@@ -290,7 +285,7 @@ def uses_group_baseline(cfg: C.MasterConfig, info: Any) -> bool:
 
 # --- metric names -------------------------------------------------------------------------------
 
-# Validation reports these itself (core/validation.py) plus the environment's own metrics; a step
+# Validation reports these itself (trainer/validation.py) plus the environment's own metrics; a step
 # logs these (docs/algorithms.md, Metrics) plus the families below, which components extend.
 VAL_METRICS = ("accuracy", "avg_length", "num_samples", "pass_k")
 TRAIN_METRICS = (
@@ -493,59 +488,54 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
     return problems
 
 
-def _weight_sync_capabilities(name: str, registry: Any) -> frozenset[str]:
-    """The selected transport's declared capabilities (the built-in specs when there is no registry)."""
-    info = registry.info("weight_sync", name) if registry is not None else None
-    if info is not None and info.spec is not None:
-        return info.spec.capabilities
-    from grpo_sdk.weight_sync import specs
-
-    builtin = {spec.name: spec for spec in (specs.INPROCESS, specs.DISK, specs.COLLECTIVE, specs.CUDA_IPC)}
-    return builtin[name].capabilities if name in builtin else frozenset()
+def _capabilities(registry: Any, kind: str, name: str) -> frozenset[str]:
+    info = registry.info(kind, name) if registry is not None else None
+    return info.spec.capabilities if info is not None and info.spec is not None else frozenset()
 
 
 def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
-    """weight_sync.* against the runtime and devices, from the transport's declared capabilities:
-    ``ray_workers`` (it runs code in the Ray workers) needs cluster.runtime=ray; ``cuda_ipc`` needs
-    GPUs, colocated generation with a policy rank on every replica's GPU, and a generation backend
-    that declares ``cuda_ipc``. Never imports ray or torch."""
-    from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
+    """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
+    cluster.runtime=ray. What else a transport needs it checks itself (``ComponentSpec.check``)."""
+    name = cfg.weight_sync.backend
+    if "ray_workers" in _capabilities(registry, "weight_sync", name) and cfg.cluster.runtime != "ray":
+        return [("weight_sync.backend", f"{name!r} moves weights between Ray workers: it needs "
+                 "cluster.runtime=ray. In one process use weight_sync.backend=inprocess (or disk)")]
+    return []
 
-    name, c, problems = cfg.weight_sync.backend, cfg.cluster, []
-    capabilities = _weight_sync_capabilities(name, registry)
-    gpus = c.gpus_per_node > 0 and c.device != "cpu"
-    colocated = cfg.policy.generation.colocated.enabled
-    if "cuda_ipc" in capabilities:
-        missing = []
-        if c.runtime != "ray":
-            missing.append("cluster.runtime=ray (it runs in the Ray workers)")
-        if not gpus:
-            missing.append("GPUs (cluster.gpus_per_node > 0 and cluster.device not cpu)")
-        if not colocated:
-            missing.append("policy.generation.colocated.enabled=true (a generation replica shares the GPU of "
-                           "the policy rank it copies from)")
-        elif c.generation_workers > c.policy_workers:
-            missing.append(f"a policy rank on every replica's GPU: cluster.generation_workers "
-                           f"({c.generation_workers}) <= cluster.policy_workers ({c.policy_workers})")
-        gen = cfg.policy.generation.backend
-        info = registry.info("generation", gen) if registry is not None else None
-        if info is not None and info.spec is not None and "cuda_ipc" not in info.spec.capabilities:
-            missing.append(f"a generation backend that declares the cuda_ipc capability ({gen!r} does not)")
-        if missing:
-            problems.append(("weight_sync.backend", f"{name!r} shares GPU memory between processes on one GPU; it "
-                             f"needs {'; '.join(missing)}. Otherwise use collective or disk"))
-    elif "ray_workers" in capabilities and c.runtime != "ray":
-        problems.append(("weight_sync.backend", f"{name!r} moves weights between Ray workers: it needs "
-                         "cluster.runtime=ray. In one process use weight_sync.backend=inprocess (or disk)"))
-    block = cfg.weight_sync.configs.get(name)
-    if isinstance(block, CollectiveWeightSyncConfig) and block.backend == "nccl":
-        if not gpus:
-            problems.append(("weight_sync.collective.backend", "nccl needs GPUs (cluster.gpus_per_node > 0 and "
-                             "cluster.device not cpu); use gloo or auto"))
-        elif colocated:
-            problems.append(("weight_sync.collective.backend", "nccl cannot put two ranks on one GPU, and with "
-                             "colocated generation policy rank 0 shares its GPU with generation replica 0; use "
-                             "gloo (auto picks it) or weight_sync.backend=cuda_ipc"))
+
+def selected_components(cfg: Any, prefix: str = "") -> list[tuple[str, str, str, Any]]:
+    """``(kind, name, key path of its block, its options)`` of every component the config selects."""
+    found = []
+    for field in attrs.fields(type(cfg)):
+        value = getattr(cfg, field.name)
+        if not attrs.has(type(value)):
+            continue
+        path = f"{prefix}{field.name}"
+        slot = getattr(type(value), "__plugin__", None)
+        if slot is not None:
+            selected = getattr(value, slot.selector)
+            for name in (selected if slot.many else [selected]):
+                found.append((slot.kind, name, f"{path}.{name}", C.plugin_config(value, name)))
+        found += selected_components(value, f"{path}.")
+    return found
+
+
+def check_components(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """Each selected component's own check of its options against the rest of the config
+    (``ComponentSpec.check``). A check that raises is reported as that plugin's problem."""
+    problems: list[tuple[str, str]] = []
+    for kind, name, path, options in selected_components(cfg) if registry is not None else []:
+        info = registry.info(kind, name)
+        target = getattr(info.spec, "check", None) if info is not None and info.spec is not None else None
+        if target is None:
+            continue
+        try:
+            module, _, attr = target.partition(":")
+            check = functools.reduce(getattr, attr.split("."), importlib.import_module(module))
+            problems += [(key, message) for key, message in check(cfg, options, registry)]
+        except Exception as exc:  # a plugin's bug must not become a traceback of `config validate`
+            problems.append((path, f"the option check of {kind} {name!r} ({target}) failed: "
+                             f"{type(exc).__name__}: {exc}"))
     return problems
 
 
@@ -565,4 +555,4 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry))
+            + check_weight_sync(cfg, registry) + check_components(cfg, registry))

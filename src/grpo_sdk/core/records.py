@@ -16,12 +16,26 @@ This module imports no torch; tensor fields are typed for readers and type check
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+
+class RunStatus(enum.StrEnum):
+    """How a run ended: ``summary.json``'s ``status``, the ``status`` the ``grpo_run_end`` hook gets.
+
+    A ``str`` enum, so ``status == "completed"`` works and JSON holds the plain value."""
+
+    COMPLETED = "completed"  # reached grpo.max_num_steps or grpo.max_num_epochs
+    EARLY_STOP = "early_stop"  # grpo.stop_at_validation_metric reached its threshold
+    DEADLINE = "deadline"  # checkpointing.checkpoint_must_save_by: saved before the allocation ends
+    INTERRUPTED = "interrupted"  # a stop signal (summary.json's reason names it) or Ctrl-C
+    FAILED = "failed"  # an error; the latest checkpoint is intact
+    ALREADY_FINISHED = "already_finished"  # resumed a run that had reached its end: nothing done
 
 
 @attrs.frozen(kw_only=True)

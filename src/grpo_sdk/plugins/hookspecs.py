@@ -64,7 +64,8 @@ def grpo_cli_commands(app: typer.Typer) -> None:
 
 @hookspec
 def grpo_run_start(run: Any) -> None:
-    """A run is about to take its first step. ``run`` has ``config``, ``run_dir`` and ``registry``."""
+    """A run is about to take its first step. ``run`` has ``config``, ``run_dir``, ``registry`` and
+    ``step`` (the step it resumes after; 0 for a fresh run)."""
 
 
 @hookspec
@@ -79,4 +80,5 @@ def grpo_checkpoint_saved(run: Any, step: int, path: str) -> None:
 
 @hookspec
 def grpo_run_end(run: Any, status: str, error: BaseException | None) -> None:
-    """A run ended; ``status`` is ``"completed"``, ``"failed"`` or ``"interrupted"``."""
+    """A run ended; ``status`` is a ``RunStatus`` (a ``str`` enum: ``"completed"``, ``"early_stop"``,
+    ``"deadline"``, ``"interrupted"`` or ``"failed"``)."""

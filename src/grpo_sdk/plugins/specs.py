@@ -93,6 +93,11 @@ class ComponentSpec:
     keys); when declared, ``val:<name>`` in a config is checked against them at config time."""
     summary: str = ""
     """One line for ``grpoctl plugins list``."""
+    check: str | None = attrs.field(default=None, validator=_check_target)
+    """``"module:function"`` of a light function (no torch) that checks the component's options
+    against the rest of the config when a run selects it: ``check(config, options, registry)``
+    returns ``(key path, message)`` problems, reported with every other config problem (exit 2).
+    ``config`` is the whole ``MasterConfig``, ``options`` this component's structured block."""
 
 
 @attrs.frozen(kw_only=True)

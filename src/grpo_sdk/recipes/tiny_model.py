@@ -5,15 +5,14 @@ directory (config, safetensors, tokenizer) into ``<run_dir>/initial_model`` and 
 so the built-in recipe exercises exactly the code path of a downloaded model, with no hub.
 
 GPT-2's learned absolute positions matter at this size: a RoPE model of the same size fails to
-learn digit reversal from random init (see shared/research/tiny-grpo-prototype.md).
+learn digit reversal from random init (measured when the recipe was chosen).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-CHARACTERS = list("0123456789abcdefgh+=>")
+from grpo_sdk.core.builtin_models import BUILTIN_MODELS, CHARACTERS, SPECIAL_TOKENS
 
 
 def build_char_tokenizer():
@@ -25,14 +24,14 @@ def build_char_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # characters join without spaces
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>", unk_token="<unk>")
 
 
 def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                    n_positions: int = 64) -> Path:
+                    n_positions: int = BUILTIN_MODELS["tiny-gpt2"].n_positions) -> Path:
     """Write a randomly initialised GPT-2 and its tokenizer to ``out_dir``."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -55,29 +54,4 @@ def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = 64, n_layer
     return out
 
 
-BUILTIN_MODELS = {"tiny-gpt2": build_tiny_gpt2}
-
-
-def resolve_model_path(model_name: str, run_dir: str | Path, seed: int) -> str:
-    """``builtin:NAME`` -> a freshly built local directory; anything else is returned unchanged."""
-    if not model_name.startswith("builtin:"):
-        return model_name
-    name = model_name.split(":", 1)[1]
-    if name not in BUILTIN_MODELS:
-        from grpo_sdk.core.errors import ConfigError
-
-        raise ConfigError([("policy.model_name", f"unknown built-in model {name!r}; "
-                                                 f"built-ins: {', '.join(sorted(BUILTIN_MODELS))}")])
-    out = Path(run_dir) / "initial_model"
-    if not out.is_dir():  # built aside, then renamed: a kill mid-write never leaves half a model behind
-        import shutil
-
-        from grpo_sdk.core.checkpoint import fsync_tree
-        from grpo_sdk.core.run_dir import replace_dir
-
-        staging = Path(run_dir) / ".initial_model.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        BUILTIN_MODELS[name](staging, seed)
-        fsync_tree(staging)
-        replace_dir(staging, out)
-    return str(out)
+BUILDERS = {"tiny-gpt2": build_tiny_gpt2}  # one for each name of core.builtin_models.BUILTIN_MODELS

@@ -14,7 +14,11 @@ Four checks, each raising an ``AssertionError`` that says what is wrong and how 
 * ``run_training(kind, name)``: a short CPU run of the built-in recipe (tiny GPT-2, reverse
   digits, 4 prompts x 4 generations) through the real ``GRPOTrainer`` with the component
   selected; every metric of every step must be finite, and the generation backend must sample
-  with the weights of the last sync.
+  with the weights of the last sync. Then the weight-sync probe: optimizer steps with a fixed
+  positive advantage move the policy's weights for certain (a run's own first steps may not
+  move them: rewards all 0 give advantages all 0), one more sync, and the generation backend's
+  logprobs of what it samples must match the policy's (``token_mult_prob_error`` close to 1).
+  A backend whose ``update_weights`` ignores the weights fails here.
 
 In a plugin package's tests they run as pytest tests: ``tests/conftest.py`` loads the kit as
 a pytest plugin (opt-in, like ``tox.pytest``)::
@@ -33,6 +37,14 @@ and a test module subclasses ``ContractTests``::
 
     class TestContract(ContractTests):
         pass
+
+Overrides known only when the tests run (the port of a server a fixture started) come from the
+``grpo_overrides`` fixture: override it in the class or in ``conftest.py``::
+
+    class TestContract(ContractTests):
+        @pytest.fixture
+        def grpo_overrides(self, acme_server):
+            return [f"policy.generation.acme.url=http://127.0.0.1:{acme_server.port}"]
 
 Every helper takes ``registry=``: by default components are discovered from the installed
 entry points (``Registry.discover()``), as ``grpoctl`` does; pass a registry to check components
@@ -400,13 +412,19 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
 # What a step may leave non-finite: the min or max over an empty set.
 _EXTREMES = ("_min", "_max")
 
+# The weight-sync probe: how far it moves the policy (in token_mult_prob_error, as a multiple of
+# the logprob tolerance, so a stale backend is well outside it) and how many optimizer steps it
+# may take to get there.
+PROBE_MARGIN = 3.0
+PROBE_MAX_STEPS = 8
+
 
 def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: int = 2,
                  registry: Registry | None = None, run_dir: str | Path | None = None,
                  model_dir: str | Path | None = None, logprob_tolerance: float | None = 0.01
                  ) -> list[dict[str, float]]:
     """Train ``steps`` steps of the built-in recipe through the real ``GRPOTrainer`` with the
-    component selected; returns each step's metrics (with ``"step"``).
+    component selected, then probe the weight sync; returns each step's metrics (with ``"step"``).
 
     The run: tiny GPT-2 (``model_dir``, or built into the run directory), reverse digits, 4
     prompts x 4 generations, no validation, no checkpoints, on the CPU; then ``overrides``. A
@@ -414,10 +432,18 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
     component was not the one the run used, when a metric is not finite, or when generation did
     not sample with the last synced weights: from step 2 on, ``generation/weight_version`` must
     be the previous step and ``token_mult_prob_error`` within ``logprob_tolerance`` of 1 (None
-    skips this; a bf16 inference engine may need more than the default 0.01).
+    skips this and the probe; a bf16 inference engine may need more than the default 0.01).
+
+    The probe does not trust the run to have changed the weights (when every step-1 reward is 0,
+    every advantage is 0 and no weight moves, so a backend that ignores ``update_weights`` would
+    still agree with the policy). It samples the next prompts, trains the policy on them with
+    advantage +1 on every generated token until its logprobs of those tokens have moved by
+    ``PROBE_MARGIN`` x ``logprob_tolerance`` (in token_mult_prob_error), syncs the weights through
+    the run's transport as version ``steps + 1``, samples again, and requires the generation
+    backend to report that version and logprobs within ``logprob_tolerance`` of the policy's.
     """
     from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.loop import GRPOTrainer
+    from grpo_sdk.trainer.trainer import GRPOTrainer
 
     label = _label(kind, name)
     registry = registry or Registry.discover()
@@ -439,23 +465,26 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
             _check_built(trainer, kind, name, registry)
             phase = "training"
             trainer.train(on_step=lambda step, metrics: rows.append({"step": step, **metrics}))
+            _check_metrics(rows, label, steps, logprob_tolerance)
+            if logprob_tolerance is not None:
+                phase = "the weight-sync probe"
+                _probe_weight_sync(trainer, label, steps + 1, logprob_tolerance)
         except ContractError:
             raise
         except BaseException as exc:  # noqa: BLE001 - whatever the component raised is the finding
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            where = "in setup" if phase == "setup" else f"in step {len(rows) + 1}"
+            where = {"setup": "in setup", "training": f"in step {len(rows) + 1}"}.get(phase, f"in {phase}")
             raise ContractError(f"training with {label} failed {where}: {type(exc).__name__}: {exc}") from exc
         finally:
             trainer.shutdown()
-    _check_metrics(rows, label, steps, logprob_tolerance)
     return rows
 
 
 def _check_built(trainer: Any, kind: str, name: str, registry: Registry) -> None:
     """The run built the component under test (seen through the local runtime's deadline wrapper)."""
     impl = registry.load_impl(kind, name)
-    built = trainer.loggers if kind == "logger" else [getattr(trainer, kind)]  # the trainer names them by kind
+    built = trainer.components.loggers if kind == "logger" else [getattr(trainer.components, kind)]  # the trainer names them by kind
     from grpo_sdk.runtime.deadlines import EnvironmentDeadline
 
     built = [obj.component if isinstance(obj, EnvironmentDeadline) else obj for obj in built]
@@ -492,6 +521,93 @@ def _check_metrics(rows: list[dict[str, float]], label: str, steps: int, toleran
                         "Either generation does not report the logprob of each token under the distribution it was "
                         "sampled from (temperature, top-k, top-p applied), or it did not sample with the weights of "
                         "the last sync (update_weights / sync_weights)")
+
+
+def _mult_prob_error(a: Any, b: Any, mask: Any) -> float:
+    """Mean of exp(|a - b|) over ``mask`` (the loss's token_mult_prob_error)."""
+    mask = mask.float().cpu()
+    diff = (a.float().cpu() - b.float().cpu()).abs().exp()
+    return float((diff * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float) -> dict[str, float]:
+    """Move the policy for certain, sync, and check generation samples under the new weights (see
+    ``run_training``). Talks to the built components through their protocols only; from the trainer
+    it reads ``config``, ``policy``, ``generation``, ``weight_sync``, ``prompts``, ``tokenizer`` and
+    ``max_prompt_tokens``."""
+    import torch
+
+    from grpo_sdk.algorithms.loss import ClippedPGLoss
+    from grpo_sdk.core.config import LossConfig
+    from grpo_sdk.core.records import GenerationInput, SamplingParams, TrainBatch
+    from grpo_sdk.trainer.rollout import left_pad, tokenize_prompts
+
+    cfg, policy, generation = trainer.config, trainer.components.policy, trainer.components.generation
+    G, gen = cfg.grpo.num_generations_per_prompt, cfg.policy.generation
+    prompts = trainer.components.prompts.next_prompts(cfg.grpo.num_prompts_per_step)
+    rows = [ids for ids in tokenize_prompts(trainer.components.tokenizer, prompts, trainer.components.max_prompt_tokens) for _ in range(G)]
+    input_ids, attention_mask = left_pad(rows, trainer.components.tokenizer.pad_token_id)
+    inputs = GenerationInput(input_ids=input_ids, attention_mask=attention_mask)
+    sampling = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                              top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids))
+
+    def sample() -> tuple[int, TrainBatch]:
+        generation.prepare_for_generation()
+        try:
+            out = generation.generate(inputs, sampling)
+        finally:
+            generation.finish_generation()
+        width = out.response_ids.shape[1]
+        response_mask = (torch.arange(width)[None] < out.response_lengths.cpu()[:, None]).long()
+        token_mask = torch.cat([torch.zeros_like(input_ids), response_mask], 1).float()
+        return out.weight_version, TrainBatch(
+            input_ids=torch.cat([input_ids, out.response_ids.cpu()], 1),
+            attention_mask=torch.cat([attention_mask, response_mask], 1), token_mask=token_mask,
+            sample_mask=torch.ones(len(rows)),
+            generation_logprobs=torch.cat([torch.zeros(input_ids.shape), out.logprobs.float().cpu()], 1),
+            group_ids=torch.arange(len(prompts)).repeat_interleave(G), rewards=torch.zeros(len(rows)),
+            advantages=token_mask)  # +1 on every generated token: the policy makes them more likely
+
+    # 1. Move the policy: a fixed positive advantage gives a gradient whatever the rewards were.
+    _, batch = sample()
+    before = policy.logprobs(batch)
+    loss_fn = ClippedPGLoss(LossConfig(reference_policy_kl_penalty=0.0))
+    floor = 1.0 + PROBE_MARGIN * tolerance
+    moved, nudges = 1.0, 0
+    while moved < floor and nudges < PROBE_MAX_STEPS:
+        policy.train(batch, loss_fn)
+        nudges += 1
+        moved = _mult_prob_error(policy.logprobs(batch), before, batch.token_mask)
+    if moved < floor:
+        optimizer = cfg.policy.optimizer
+        raise ContractError(
+            f"training with {label}: the weight-sync probe trained the policy {nudges} times with advantage +1 on "
+            f"every sampled token and its logprobs of those tokens moved by only {moved:.4f} (token_mult_prob_error "
+            f"against the logprobs before; needed: {floor:.4f}). "
+            + ("policy.train changes no weight: it must take an optimizer step on the loss it is given"
+               if moved == 1.0 else
+               f"Raise policy.optimizer.lr (now {optimizer.lr:g}) in the component's overrides, or check "
+               "policy.scheduler (the probe trains after the run's last step)"))
+
+    # 2. Sync through the run's transport; generation must now sample with the moved weights.
+    trainer.components.weight_sync.sync_weights(policy, generation, version=version)
+    reported, batch = sample()
+    if reported != version:
+        raise ContractError(f"training with {label}: after the weight sync of version {version}, generation reported "
+                            f"weight version {reported} (GenerationOutput.weight_version must be the version= of its "
+                            "last update_weights)")
+    error = _mult_prob_error(batch.generation_logprobs, policy.logprobs(batch), batch.token_mask)
+    if abs(error - 1.0) > tolerance:
+        raise ContractError(
+            f"training with {label}: generation does not sample with the synced weights. The probe moved the policy "
+            f"(its logprobs of sampled tokens changed by {moved:.4f} in token_mult_prob_error), synced version "
+            f"{version}, and generation, though it reports version {reported}, gives the tokens it samples logprobs "
+            f"that disagree with the policy's: token_mult_prob_error {error:.4f} (allowed: 1 +- {tolerance}). "
+            "update_weights(weights, version=) must load every (name, tensor) it is given before it returns; a "
+            "backend that talks to a server must have the server load them (docs/plugins.md, out-of-process "
+            "backends)")
+    return {"probe/policy_moved": moved, "probe/optimizer_steps": float(nudges),
+            "generation/weight_version": float(reported), "token_mult_prob_error": error}
 
 
 # --- the pytest suite -----------------------------------------------------------------------------

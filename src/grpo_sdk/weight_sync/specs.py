@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -58,6 +58,7 @@ COLLECTIVE = ComponentSpec(
     kind="weight_sync",
     impl="grpo_sdk.weight_sync.collective:CollectiveWeightSync",
     config="grpo_sdk.weight_sync.specs:CollectiveWeightSyncConfig",
+    check="grpo_sdk.weight_sync.specs:check_collective",
     capabilities={"collective", "ray_workers"},
     summary="Ray: policy rank 0 broadcasts its weights to every generation replica over a torch.distributed group.",
 )
@@ -77,7 +78,48 @@ CUDA_IPC = ComponentSpec(
     kind="weight_sync",
     impl="grpo_sdk.weight_sync.cuda_ipc:CudaIPCWeightSync",
     config="grpo_sdk.weight_sync.specs:CudaIPCWeightSyncConfig",
+    check="grpo_sdk.weight_sync.specs:check_cuda_ipc",
     capabilities={"cuda_ipc", "ray_workers"},
     summary="Ray, GPUs, colocated: each generation replica copies the weights of the policy rank on its GPU "
             "through CUDA IPC handles (no copy through host memory).",
 )
+
+
+def _on_gpus(config: Any) -> bool:
+    return config.cluster.gpus_per_node > 0 and config.cluster.device != "cpu"
+
+
+def check_collective(config: Any, options: CollectiveWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
+    """nccl needs GPUs, and cannot put two ranks on one GPU (colocated generation does)."""
+    if options.backend != "nccl":
+        return []
+    if not _on_gpus(config):
+        return [("weight_sync.collective.backend", "nccl needs GPUs (cluster.gpus_per_node > 0 and cluster.device "
+                 "not cpu); use gloo or auto")]
+    if config.policy.generation.colocated.enabled:
+        return [("weight_sync.collective.backend", "nccl cannot put two ranks on one GPU, and with colocated "
+                 "generation policy rank 0 shares its GPU with generation replica 0; use gloo (auto picks it) or "
+                 "weight_sync.backend=cuda_ipc")]
+    return []
+
+
+def check_cuda_ipc(config: Any, options: CudaIPCWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
+    """CUDA IPC shares GPU memory between processes on one GPU: GPUs, colocated generation with a
+    policy rank on every replica's GPU, and a generation backend that declares the cuda_ipc capability."""
+    c, missing = config.cluster, []  # cluster.runtime=ray is checked for every transport with ray_workers
+    if not _on_gpus(config):
+        missing.append("GPUs (cluster.gpus_per_node > 0 and cluster.device not cpu)")
+    if not config.policy.generation.colocated.enabled:
+        missing.append("policy.generation.colocated.enabled=true (a generation replica shares the GPU of the "
+                       "policy rank it copies from)")
+    elif c.generation_workers > c.policy_workers:
+        missing.append(f"a policy rank on every replica's GPU: cluster.generation_workers ({c.generation_workers}) "
+                       f"<= cluster.policy_workers ({c.policy_workers})")
+    generation = config.policy.generation.backend
+    info = registry.info("generation", generation) if registry is not None else None
+    if info is not None and info.spec is not None and "cuda_ipc" not in info.spec.capabilities:
+        missing.append(f"a generation backend that declares the cuda_ipc capability ({generation!r} does not)")
+    if not missing:
+        return []
+    return [("weight_sync.backend", f"'cuda_ipc' shares GPU memory between processes on one GPU; it needs "
+             f"{'; '.join(missing)}. Otherwise use collective or disk")]

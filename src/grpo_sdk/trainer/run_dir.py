@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError
 
@@ -151,3 +152,43 @@ def _directory_problem(path: Path) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable (cannot create or write {path})"
     return None
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file below ``path`` and the directories themselves to disk."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb+") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(root))
+
+
+def initial_model_path(model_name: str, run_dir: str | Path, seed: int) -> str:
+    """``builtin:NAME`` -> the model built into ``<run_dir>/initial_model``; anything else unchanged.
+
+    Built aside and then renamed, so a kill mid-write never leaves half a model behind."""
+    if not model_name.startswith("builtin:"):
+        return model_name
+    from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+    from grpo_sdk.recipes.tiny_model import BUILDERS
+
+    name = model_name.split(":", 1)[1]
+    if name not in BUILTIN_MODELS:
+        raise ConfigError([("policy.model_name", f"unknown built-in model {name!r}; "
+                                                 f"built-ins: {', '.join(sorted(BUILTIN_MODELS))}")])
+    out = Path(run_dir) / "initial_model"
+    if not out.is_dir():
+        staging = Path(run_dir) / ".initial_model.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        BUILDERS[name](staging, seed)
+        fsync_tree(staging)
+        replace_dir(staging, out)
+    return str(out)
+
+
+def checkpoint_bytes(model_path: str, cfg: Any) -> int:
+    """About what one checkpoint of this model takes: weights, plus AdamW's two moments when saved."""
+    path = Path(model_path)
+    weights = sum(p.stat().st_size for p in path.glob("*.safetensors")) + sum(
+        p.stat().st_size for p in path.glob("*.bin")) if path.is_dir() else 0
+    return weights * (3 if cfg.checkpointing.save_optimizer else 1)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from grpo_sdk.core.data import Prompt
+from grpo_sdk.trainer.data import Prompt
 from grpo_sdk.core.errors import DataError, EnvironmentStepError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, SamplingParams, TrainBatch
 from grpo_sdk.runtime.deadlines import CallTimeout, WorkerError

@@ -38,22 +38,14 @@ from typing import Any
 
 from grpo_sdk.core.config import CheckpointingConfig
 from grpo_sdk.core.errors import GrpoSdkError
-from grpo_sdk.core.run_dir import fsync_dir as _fsync_dir
-from grpo_sdk.core.run_dir import write_text_atomic
+from grpo_sdk.trainer.run_dir import fsync_dir as _fsync_dir
+from grpo_sdk.trainer.run_dir import fsync_tree
+from grpo_sdk.trainer.run_dir import write_text_atomic
 
 STATUS_FILE = "latest_checkpoint_status.json"
 STATE_FILE = "training_state.json"
 MANIFEST_FILE = "manifest.json"
 STATE_KEYS = {"step": int, "next_group_id": int, "data": dict, "python_random": list}
-
-
-def fsync_tree(path: Path) -> None:
-    """Flush every file below ``path`` and the directories themselves to disk."""
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb+") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(Path(root))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

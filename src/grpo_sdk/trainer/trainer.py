@@ -1,0 +1,605 @@
+"""The synchronous GRPO training run, top to bottom. It talks to the components only through the
+protocols of ``grpo_sdk.core.protocols``; nothing here knows which backend it drives.
+
+One step::
+
+    prompts  = next P prompts                       (dataset or environment)
+    batch    = G responses per prompt, scored       (Generation, Environment)
+    batch.prev_logprobs      = policy.logprobs      (only when a step takes several optimizer steps)
+    batch.reference_logprobs = policy.reference_logprobs    (only when the KL penalty is on)
+    batch.advantages = estimator.compute_advantages(rewards, group_ids, mask, ...)
+    metrics  = policy.train(batch, loss_fn)         (Policy)
+    weight_sync.sync_weights(policy, generation, version=step)
+
+The run around it: validation, periodic checkpoints, exact resume, stop signals (the first one
+finishes the step and saves), the save-by deadline, early stop and the summary.
+
+Exact resume: a checkpoint holds everything that decides what happens next (weights, optimizer and
+LR schedule, the sampler's RNG, torch's RNG as a file, and ``TrainerState``: the step and group-id
+counters, Python's RNG, the dataloader position, the reward history), so a run killed at any moment
+and resumed from its latest checkpoint logs the same metrics and ends with bit-identical weights as
+a run never interrupted (CPU, one thread). Metrics logged after the checkpoint are dropped on resume
+and logged again. See docs/lifecycle.md and docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from grpo_sdk.algorithms.loss import ClippedPGLoss
+from grpo_sdk.algorithms.rewards import (
+    clip_advantages,
+    mask_by_seq_logprob_error,
+    scale_rewards,
+    seq_logprob_errors,
+    shape_rewards,
+    trivial_groups,
+)
+from grpo_sdk.core.config import MasterConfig, plugin_config
+from grpo_sdk.core.config_checks import parse_duration
+from grpo_sdk.core.config_loader import to_yaml
+from grpo_sdk.core.context import RunContext
+from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
+from grpo_sdk.core.models import load_tokenizer
+from grpo_sdk.core.records import RunStatus, SamplingParams
+from grpo_sdk.runtime import make_runtime
+from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
+from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
+from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of, rollout_metrics
+from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
+from grpo_sdk.trainer.signals import STOP, signal_name
+
+VALIDATION_SEED_OFFSET = 7_919  # validation's sampling seed is grpo.seed + this + step
+REWARD_TAIL = 10  # the summary's reward_last is the mean over this many last steps
+
+
+@attrs.define(kw_only=True)
+class TrainerState:
+    """Everything besides files (weights, optimizer, torch's RNG) that decides what the run does
+    next. It is ``training_state.json`` in each checkpoint: ``to_json`` / ``from_json`` round-trip."""
+
+    step: int = 0
+    next_group_id: int = 0  # group ids keep counting across steps, so groups never collide
+    data: dict[str, Any] = attrs.field(factory=dict)  # the prompt source's position
+    python_random: list[Any] | None = None  # random.getstate(), as JSON lists
+    reward_first: float | None = None  # mean reward of the first step: the starting level
+    reward_tail: list[float] = attrs.field(factory=list)  # the last REWARD_TAIL steps' mean rewards
+    validation: dict[str, float] = attrs.field(factory=dict)  # the last validation's metrics
+    ranking_metric: float | None = None  # checkpointing.metric_name's value at this checkpoint
+    reward_failures: list[list[int]] = attrs.field(factory=list)  # [failed, scored] of recent batches
+
+    def record_reward(self, reward: float) -> None:
+        if self.reward_first is None:
+            self.reward_first = reward
+        self.reward_tail = (self.reward_tail + [reward])[-REWARD_TAIL:]
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainerState:
+        known = {f.name for f in attrs.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})  # older checkpoints lack newer fields
+
+
+@attrs.frozen(kw_only=True)
+class Components:
+    """What ``setup`` built for the run, and what the step derives once from the config."""
+
+    context: RunContext
+    runtime: Any
+    policy: Any
+    generation: Any
+    environment: Any
+    estimator: Any
+    weight_sync: Any
+    loss_fn: ClippedPGLoss
+    teacher: Any  # on-policy distillation's teacher policy, or None
+    tokenizer: Any
+    prompts: Any  # the training prompt source (dataset, mixture or environment)
+    val_prompts: list[Any]
+    sampling: SamplingParams
+    max_prompt_tokens: int
+    needs_prev_logprobs: bool  # frozen "old" logprobs: several optimizer steps, or a consumer of them
+    loggers: list[Any] = attrs.field(factory=list)
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    status: RunStatus
+    steps: int
+    seconds: float  # wall time of this process's training
+    reward_first: float  # mean reward of the first step: the starting level
+    reward_last: float  # mean reward over the last min(REWARD_TAIL, steps) steps
+    validation: dict[str, float]  # the last validation's metrics
+    run_dir: Path
+    checkpoint: Path | None  # the latest checkpoint: policy/ inside is a Hugging Face model directory
+    example: dict[str, Any] | None  # one sample of the last step
+    reason: str | None = None  # why an interrupted run stopped: the signal's name (SIGTERM, SIGINT, SIGHUP)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "status": str(self.status), "run_dir": str(self.run_dir),
+                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+
+
+class GRPOTrainer:
+    """Builds the components of a run and trains; observer hooks get this object as ``run``."""
+
+    def __init__(self, config: MasterConfig, *, run_dir: str | Path, registry: Any, resume: bool = False):
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.registry = registry
+        self.resume = resume  # continue from the latest checkpoint in run_dir, if there is one
+        self.state = TrainerState()
+        self.checkpoints = CheckpointManager(config.checkpointing, self.run_dir)
+        self.components: Components | None = None  # set by setup()
+        self.locks: list[RunLock] = []
+        self.opened: list[Any] = []  # what shutdown() must close, in the order it was built
+        self.last_rollouts: RolloutBatch | None = None  # the last step's, for the summary's example
+        self.last_saved_step: int | None = None
+        self.validated_step: int | None = None
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    # --- setup ----------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.config
+        if cfg.cluster.num_threads:
+            torch.set_num_threads(cfg.cluster.num_threads)
+        random.seed(cfg.grpo.seed)
+        torch.manual_seed(cfg.grpo.seed)
+        model_path = self._prepare_run_dir()
+        latest = self.checkpoints.latest_verified(warn=lambda m: print(m, file=sys.stderr, flush=True)) \
+            if self.resume else None
+        if cfg.checkpointing.enabled:  # room for one checkpoint, before hours of training make one
+            check_storage(self.run_dir, self.checkpoints.directory, checkpoint_bytes(model_path, cfg))
+        context = RunContext(
+            resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
+            config=cfg, run_dir=self.run_dir, model_path=model_path,
+            tokenizer_path=cfg.policy.tokenizer.name or model_path,
+            # On Ray each worker picks its own device; the driver may have none.
+            device=pick_device(cfg.cluster.device) if cfg.cluster.runtime == "local" else cfg.cluster.device,
+            seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
+            registry=self.registry,
+        )
+        runtime = self._open(make_runtime(cfg, self.registry))
+        STOP.reinstall()  # ray.init installs a SIGTERM handler of its own
+
+        def build(kind: str, section: Any, name: str | None = None) -> Any:
+            name = name or getattr(section, type(section).__plugin__.selector)
+            return self._open(runtime.build(kind, name, plugin_config(section, name), context))
+
+        policy = build("policy", cfg.policy)
+        generation = build("generation", cfg.policy.generation)
+        environment = build("environment", cfg.env)
+        estimator = build("estimator", cfg.grpo.adv_estimator)
+        weight_sync = build("weight_sync", cfg.weight_sync)
+        # What the step needs beyond rewards follows from the config and the estimator's declared
+        # capabilities, never from its name.
+        needs = self.registry.get("estimator", cfg.grpo.adv_estimator.name).capabilities
+        teacher = self._open(self._build_teacher(runtime, context)) if "teacher_logprobs" in needs else None
+        tokenizer = load_tokenizer(context.tokenizer_path)
+        gen = cfg.policy.generation
+        max_prompt_tokens = cfg.data.max_input_seq_length or (cfg.policy.max_total_sequence_length - gen.max_new_tokens)
+        in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None
+        rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+        self.components = Components(
+            context=context, runtime=runtime, policy=policy, generation=generation, environment=environment,
+            estimator=estimator, weight_sync=weight_sync, teacher=teacher, tokenizer=tokenizer,
+            loss_fn=ClippedPGLoss(cfg.loss_fn, seq_logprob_error_threshold=in_loss_threshold),
+            prompts=make_prompt_source(cfg, environment, tokenizer, max_prompt_tokens),
+            val_prompts=make_validation_prompts(cfg, environment, tokenizer, max_prompt_tokens),
+            sampling=SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                                    top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids)),
+            max_prompt_tokens=max_prompt_tokens,
+            needs_prev_logprobs=(
+                (cfg.policy.train_global_batch_size or rows) < rows  # several optimizer steps: freeze "old"
+                or "prev_logprobs" in needs
+                or (cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0)
+                or (cfg.grpo.seq_logprob_error_threshold is not None and not cfg.loss_fn.seq_logprob_error_in_loss)),
+        )
+        if latest is not None:
+            self._restore(latest)
+        # Loggers last: one that opens a remote run (W&B, MLflow) must not be left open by a failed setup.
+        loggers = [build("logger", cfg.logger, name) for name in cfg.logger.loggers]
+        self.components = attrs.evolve(self.components, loggers=loggers)
+
+    def _prepare_run_dir(self) -> str:
+        """Lock the run directory, write the resolved config and plugin versions, and return the
+        model path (a built-in model is built into the run directory)."""
+        cfg = self.config
+        check_storage(self.run_dir, self.checkpoints.directory if cfg.checkpointing.enabled else None)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.locks.append(RunLock(self.run_dir).acquire())
+        if cfg.checkpointing.enabled and self.checkpoints.directory.resolve().parent != self.run_dir.resolve():
+            self.locks.append(RunLock(self.checkpoints.directory).acquire())  # shared elsewhere: guard it too
+        try:  # disk full or a vanished mount before the first step: a clear error, not a traceback
+            write_text_atomic(self.run_dir / "config.resolved.yaml", to_yaml(cfg))
+            write_text_atomic(self.run_dir / "plugins.json", json.dumps(self._plugin_versions(), indent=2) + "\n")
+            self.checkpoints.remove_partial()
+            return initial_model_path(cfg.policy.model_name, self.run_dir, cfg.grpo.seed)
+        except (OSError, SafetensorError) as exc:  # safetensors reports ENOSPC as its own error type
+            detail = f"{exc.strerror} ({exc.filename or self.run_dir})" if isinstance(exc, OSError) else str(exc)
+            raise GrpoSdkError(f"could not write to the run directory {self.run_dir}: {detail}") from exc
+
+    def _build_teacher(self, runtime: Any, context: RunContext) -> Any:
+        """The on-policy-distillation teacher: any policy backend, loaded from a model or checkpoint dir."""
+        opd = self.config.on_policy_distillation
+        precision = opd.teacher_precision or self.config.policy.precision
+        config = attrs.evolve(self.config, policy=attrs.evolve(self.config.policy, precision=precision))
+        context = attrs.evolve(context, config=config, model_path=opd.teacher_model, needs_reference=False)
+        return runtime.build("policy", opd.teacher_backend, None, context)
+
+    def _open(self, component: Any) -> Any:
+        self.opened.append(component)
+        return component
+
+    def _plugin_versions(self) -> dict[str, Any]:
+        from grpo_sdk import __version__
+
+        return {"grpo_sdk": __version__, "torch": torch.__version__,
+                "components": [info.to_json() for info in self.registry.list()],
+                "hooks": [p.to_json() for p in self.registry.hook_plugins]}
+
+    # --- the run --------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """The run reached its end (also: a resumed run with nothing left to do)."""
+        grpo = self.config.grpo
+        return self.state.step >= grpo.max_num_steps or self.components.prompts.epoch >= grpo.max_num_epochs
+
+    def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
+        """Train to the end (steps, epochs, early stop, deadline or a stop signal); write and return
+        the summary. ``on_step(step, metrics)`` is called after each step is logged."""
+        start = time.perf_counter()
+        if self.finished:  # resuming a finished run: nothing to log, nothing to save again
+            return self._summary(RunStatus.ALREADY_FINISHED, start)
+        hooks = self.registry.host
+        own_handlers = not STOP.installed and STOP.install()  # a library caller gets the same signal handling
+        if own_handlers:
+            STOP.reset()
+        status, error = RunStatus.FAILED, None
+        hooks.run_start(run=self)
+        try:
+            STOP.deferred = True  # from here a first stop signal waits for the end of the step
+            # A signal that came while the run started (and was swallowed there): no step, no save.
+            status = RunStatus.INTERRUPTED if STOP.requested else self._train_until_stopped(start, on_step)
+        except BaseException as exc:
+            status, error = (RunStatus.INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED), exc
+            if isinstance(exc, KeyboardInterrupt):  # stopped at once: say so in summary.json, then stop
+                self._summary(status, start)
+            raise
+        finally:
+            STOP.deferred = False
+            if own_handlers:
+                STOP.uninstall()
+            for logger in self.components.loggers:
+                logger.close()
+            hooks.run_end(run=self, status=status, error=error)
+        return self._summary(status, start)
+
+    def _train_until_stopped(self, start: float, on_step: Callable[[int, dict[str, float]], None] | None) -> RunStatus:
+        grpo, ckpt = self.config.grpo, self.config.checkpointing
+        deadline = parse_duration(ckpt.checkpoint_must_save_by) if ckpt.checkpoint_must_save_by else None
+        if grpo.val_at_start and self.state.step == 0 and self.components.val_prompts:
+            self._log(0, self._validation_metrics(0))
+        metrics: dict[str, float] = {}
+        slowest_step = 0.0
+        while not self.finished:
+            tick = time.perf_counter()
+            try:
+                metrics, self.last_rollouts = self.train_step()
+            except NonFiniteError as exc:
+                raise NonFiniteError(f"step {self.state.step + 1}: {exc}") from exc
+            self.state.step += 1
+            self.state.record_reward(metrics["reward/mean"])
+            step = self.state.step
+            periodic = grpo.val_period > 0 and step >= grpo.val_start_at and step % grpo.val_period == 0
+            last = step >= grpo.max_num_steps
+            validated = bool(self.components.val_prompts) and (periodic or (grpo.val_at_end and last))
+            if validated:
+                metrics.update(self._validation_metrics(step))
+            self._log(step, metrics)
+            self.registry.host.step_end(run=self, step=step, metrics=metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+            slowest_step = max(slowest_step, time.perf_counter() - tick)
+            stop = (RunStatus.INTERRUPTED if STOP.requested
+                    else RunStatus.EARLY_STOP if validated and reached(grpo, self.state.validation)
+                    else RunStatus.DEADLINE if deadline is not None
+                    and time.perf_counter() - start + 2 * slowest_step > deadline
+                    else None)
+            if step % ckpt.save_period == 0 or stop is not None:
+                self._save(metrics)
+            if stop is not None:
+                return stop
+        if grpo.val_at_end and self.components.val_prompts and self.state.step \
+                and self.validated_step != self.state.step:  # the run ended by epochs, not steps
+            self._log(self.state.step, self._validation_metrics(self.state.step))
+        self._save(metrics)
+        return RunStatus.COMPLETED
+
+    # --- one step -------------------------------------------------------------------------------
+
+    def train_step(self) -> tuple[dict[str, float], RolloutBatch]:
+        cfg, parts = self.config, self.components
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        rollouts, metrics = self.collect_rollouts()
+        timings["rollout"] = time.perf_counter() - start
+
+        sample_mask = rollouts.reward_valid.float()
+        if cfg.grpo.overlong_filtering:  # out of the loss, still in the baseline
+            sample_mask = sample_mask * (~rollouts.truncated).float()
+        batch = rollouts.to_train_batch(sample_mask)
+
+        tick = time.perf_counter()
+        if parts.needs_prev_logprobs:
+            batch.prev_logprobs = parts.policy.logprobs(batch)
+        if parts.context.needs_reference:
+            batch.reference_logprobs = parts.policy.reference_logprobs(batch)
+        teacher_logprobs = parts.teacher.logprobs(batch) if parts.teacher is not None else None
+        timings["logprobs"] = time.perf_counter() - tick
+
+        if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
+            errors, valid = seq_logprob_errors(batch.prev_logprobs, batch.generation_logprobs, batch.token_mask,
+                                               batch.sample_mask)
+            batch.sample_mask, seq_metrics = mask_by_seq_logprob_error(
+                errors, valid, batch.sample_mask, batch.rewards, cfg.grpo.seq_logprob_error_threshold)
+            metrics.update(seq_metrics)
+
+        mask = batch.token_mask * batch.sample_mask[:, None]
+        advantages = parts.estimator.compute_advantages(
+            batch.rewards, batch.group_ids, mask, reward_components=rollouts.reward_components,
+            valid_mask=rollouts.reward_valid, sample_mask=batch.sample_mask, prev_logprobs=batch.prev_logprobs,
+            reference_logprobs=batch.reference_logprobs, teacher_logprobs=teacher_logprobs,
+            generation_logprobs=batch.generation_logprobs, metadata=rollouts.metadata)
+        batch.advantages = clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high)
+        metrics.update(getattr(parts.estimator, "last_metrics", None) or {})
+        response_advantages = batch.advantages[mask > 0]
+        if response_advantages.numel():
+            metrics.update({"advantages/mean": float(response_advantages.mean()),
+                            "advantages/min": float(response_advantages.min()),
+                            "advantages/max": float(response_advantages.max())})
+
+        tick = time.perf_counter()
+        metrics.update(parts.policy.train(batch, parts.loss_fn))
+        timings["train"] = time.perf_counter() - tick
+        if cfg.logger.dump_train_data:
+            dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", rollouts, batch)
+
+        tick = time.perf_counter()
+        parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step + 1)
+        timings["weight_sync"] = time.perf_counter() - tick
+        timings["step"] = time.perf_counter() - start
+        metrics.update({f"timing/{k}": v for k, v in timings.items()})
+        metrics["perf/tokens_per_sec"] = metrics["generated_tokens"] / timings["step"]
+        metrics["perf/rollout_tokens_per_sec"] = metrics["generated_tokens"] / timings["rollout"]
+        return metrics, rollouts
+
+    def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
+        """Rollouts for one step, through the reward pipeline: scale, shape, and (dynamic sampling)
+        keep only prompt groups with a learning signal, generating more batches until there are
+        num_prompts_per_step of them."""
+        grpo, parts = self.config.grpo, self.components
+        target_rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+        dynamic = grpo.use_dynamic_sampling
+        draw = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if dynamic else grpo.num_prompts_per_step
+        generated, kept, env_metrics = [], [], {}
+        for generation_batch in range(1, (grpo.dynamic_sampling_max_gen_batches if dynamic else 1) + 1):
+            rollouts, env_metrics = collect_rollouts(
+                prompts=parts.prompts.next_prompts(draw), tokenizer=parts.tokenizer, generation=parts.generation,
+                environment=parts.environment, cfg=self.config, sampling=parts.sampling,
+                max_prompt_tokens=parts.max_prompt_tokens, group_offset=self.state.next_group_id)
+            self.state.next_group_id += draw
+            self._process_rewards(rollouts)
+            generated.append(rollouts)
+            self._check_reward_failures(rollouts)
+            trivial = trivial_groups(rollouts.unshaped_rewards, rollouts.group_ids)
+            if not dynamic:
+                return rollouts, {**rollout_metrics(generated, trivial), **env_metrics}
+            kept.append(rollouts.select(~trivial))
+            if sum(b.batch_size for b in kept) >= target_rows:
+                batch = RolloutBatch.concat(kept)
+                metrics = rollout_metrics(generated, torch.cat([trivial_groups(b.unshaped_rewards, b.group_ids)
+                                                                for b in generated]))
+                metrics.update({"dynamic_sampling_num_gen_batches": float(generation_batch),
+                                "dynamic_sampling_num_discarded_valid_samples": float(batch.batch_size - target_rows),
+                                "filtered_reward": float(batch.select(torch.arange(target_rows)).rewards.mean())})
+                return batch.select(torch.arange(target_rows)), {**metrics, **env_metrics}
+        found = sum(b.batch_size for b in kept)
+        raise GrpoSdkError(
+            f"dynamic sampling found {found} of the {target_rows} rows it needs in {grpo.dynamic_sampling_max_gen_batches} "
+            f"generation batches of {draw} prompts: every other prompt group had identical rewards. Raise "
+            "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
+
+    def _process_rewards(self, rollouts: RolloutBatch) -> None:
+        grpo = self.config.grpo
+        components = {k: scale_rewards(v, grpo.reward_scaling) for k, v in rollouts.reward_components.items()}
+        total = scale_rewards(torch.stack(list(rollouts.reward_components.values())).sum(0), grpo.reward_scaling)
+        rollouts.reward_components = components
+        rollouts.unshaped_rewards = total
+        rollouts.rewards = shape_rewards(total, rollouts.response_lengths, rollouts.truncated, grpo.reward_shaping,
+                                         self.components.sampling.max_new_tokens)
+
+    def _check_reward_failures(self, rollouts: RolloutBatch) -> None:
+        """With env.on_reward_error=mask, stop a run whose rewards keep failing (instead of hundreds of
+        steps of `reward nan`): any batch where every sample failed, or too many over a window."""
+        env = self.config.env
+        failed, total = int((~rollouts.reward_valid).sum()), rollouts.batch_size
+        self.state.reward_failures = (self.state.reward_failures + [[failed, total]])[-env.failed_window_steps:]
+        window_failed = sum(f for f, _ in self.state.reward_failures)
+        window_total = sum(t for _, t in self.state.reward_failures)
+        if failed == total and total:
+            why = f"every one of the {total} samples of step {self.state.step + 1} failed to get a reward"
+        elif window_total and window_failed / window_total > env.max_failed_fraction:
+            why = (f"{window_failed} of the last {window_total} samples ({window_failed / window_total:.0%}) "
+                   f"failed to get a reward, more than env.max_failed_fraction={env.max_failed_fraction:g}")
+        else:
+            return
+        raise GrpoSdkError(f"environment {env.name!r}: {why} (env.on_reward_error=mask). The reward function is "
+                           "probably broken: run with env.on_reward_error=raise to see the first failure.")
+
+    # --- validation -----------------------------------------------------------------------------
+
+    def validate(self, step: int) -> tuple[dict[str, float], list[RolloutBatch]]:
+        """Sample the validation prompts with the current policy and score them.
+
+        Validation samples from a fixed seed (grpo.seed + VALIDATION_SEED_OFFSET + step), so it never
+        perturbs the training sampler's random stream and the same weights always give the same
+        numbers. Rewards are the environment's raw rewards (no scaling or shaping). Metrics, logged as
+        ``val/<name>``: ``accuracy`` (mean reward), ``pass_k`` (k = grpo.val_num_generations_per_prompt
+        > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; the seed
+        counted any reward > 0), ``avg_length``, ``num_samples`` and the environment's own metrics.
+        """
+        cfg, parts = self.config, self.components
+        k, size = cfg.grpo.val_num_generations_per_prompt, cfg.grpo.val_batch_size
+        sampling = attrs.evolve(parts.sampling, seed=cfg.grpo.seed + VALIDATION_SEED_OFFSET + step)
+        batches, env_metrics = [], []
+        for start in range(0, len(parts.val_prompts), size):
+            batch, metrics = collect_rollouts(
+                prompts=parts.val_prompts[start:start + size], tokenizer=parts.tokenizer,
+                generation=parts.generation, environment=parts.environment, cfg=cfg, sampling=sampling,
+                max_prompt_tokens=parts.max_prompt_tokens, group_offset=start, num_generations=k)
+            batch.rewards = torch.stack(list(batch.reward_components.values())).sum(0)  # raw: no scaling, no shaping
+            batches.append(batch)
+            env_metrics.append(metrics)
+        rewards = torch.cat([b.rewards for b in batches])
+        valid = torch.cat([b.reward_valid for b in batches])
+        lengths = torch.cat([b.response_lengths for b in batches]).float()
+        out = {"accuracy": float(rewards[valid].mean()) if valid.any() else float("nan"),
+               "avg_length": float(lengths.mean()), "num_samples": float(len(rewards))}
+        if k > 1:
+            out["pass_k"] = float(((rewards >= 1.0) & valid).view(-1, k).any(dim=1).float().mean())
+        for key in env_metrics[0]:
+            out[key.removeprefix("env/")] = sum(m[key] for m in env_metrics) / len(env_metrics)
+        return out, batches
+
+    def _validation_metrics(self, step: int) -> dict[str, float]:
+        metrics, batches = self.validate(step)
+        self.state.validation, self.validated_step = metrics, step
+        if self.config.logger.dump_train_data:
+            dump_batch(self.run_dir / "train_data" / f"val_step_{step}.jsonl", RolloutBatch.concat(batches), None)
+        return {f"val/{k}": v for k, v in metrics.items()}
+
+    # --- metrics, checkpoints, summary ----------------------------------------------------------
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        for logger in self.components.loggers:
+            try:
+                logger.log_metrics(step, metrics)
+            except OSError as exc:  # disk full, a vanished mount: name the file, keep the last checkpoint
+                raise GrpoSdkError(f"could not write the metrics of step {step}: {exc}; the latest checkpoint "
+                                   f"({self.checkpoints.latest()}) is intact, resume from it once the storage is "
+                                   "fixed") from exc
+
+    def _save(self, train_metrics: dict[str, float]) -> Path | None:
+        if not self.config.checkpointing.enabled or self.last_saved_step == self.state.step:
+            return None
+        self.state.ranking_metric = ranking_metric(self.config.checkpointing.metric_name, train_metrics,
+                                                   self.state.validation)
+        version, internal, gauss = random.getstate()
+        self.state.python_random = [version, list(internal), gauss]
+        self.state.data = self.components.prompts.state_dict()
+        path = self.checkpoints.save(self.state.step, self._write_checkpoint, self.state.to_json())
+        self.last_saved_step = self.state.step
+        self.registry.host.checkpoint_saved(run=self, step=self.state.step, path=str(path))
+        return path
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        parts = self.components
+        parts.policy.save_checkpoint(str(directory / "policy"))
+        parts.tokenizer.save_pretrained(str(directory / "policy"))  # policy/ is a complete HF model dir
+        if hasattr(parts.generation, "save_checkpoint"):
+            parts.generation.save_checkpoint(str(directory / "generation"))
+        save_file({"torch": torch.get_rng_state()}, str(directory / "rng.safetensors"))
+
+    def _restore(self, directory: Path) -> None:
+        parts = self.components
+        self.state = TrainerState.from_json(json.loads((directory / STATE_FILE).read_text()))
+        parts.policy.load_checkpoint(str(directory / "policy"))
+        if hasattr(parts.generation, "load_checkpoint") and (directory / "generation").is_dir():
+            parts.generation.load_checkpoint(str(directory / "generation"))
+        parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step)
+        torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
+        version, internal, gauss = self.state.python_random
+        random.setstate((version, tuple(internal), gauss))
+        parts.prompts.load_state_dict(self.state.data)
+        self.last_saved_step = self.state.step
+
+    def _summary(self, status: RunStatus, start: float) -> RunSummary:
+        """The run's summary, also written to ``summary.json`` (atomically; a write error is reported, not raised)."""
+        tail = self.state.reward_tail
+        summary = RunSummary(
+            status=status, steps=self.state.step, seconds=time.perf_counter() - start,
+            reward_first=self.state.reward_first if self.state.reward_first is not None else math.nan,
+            reward_last=sum(tail) / len(tail) if tail else math.nan, validation=self.state.validation,
+            run_dir=self.run_dir, checkpoint=self.checkpoints.latest(), example=example_of(self.last_rollouts),
+            reason=signal_name(STOP.signum) if status == RunStatus.INTERRUPTED and STOP.signum else None)
+        if status != RunStatus.ALREADY_FINISHED:
+            try:
+                write_text_atomic(self.run_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+            except OSError as exc:
+                print(f"grpo-sdk: warning: could not write {self.run_dir / 'summary.json'}: {exc}", flush=True)
+        return summary
+
+    def shutdown(self) -> None:
+        """Close what setup opened, newest first (loggers are closed by ``train``)."""
+        try:
+            for component in reversed(self.opened):
+                if hasattr(component, "shutdown"):
+                    component.shutdown()
+        finally:
+            self.opened = []
+            for lock in self.locks:
+                lock.release()
+            self.locks = []
+
+
+def pick_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise GrpoSdkError("cluster.device=cuda but torch sees no CUDA device")
+    return requested
+
+
+def reached(grpo: Any, validation: dict[str, float]) -> bool:
+    """Early stop: the chosen validation metric reached its threshold."""
+    name = grpo.stop_at_validation_metric
+    return name is not None and validation.get(name, -math.inf) >= grpo.stop_at_validation_threshold
+
+
+def dump_batch(path: Path, rollouts: RolloutBatch, batch: Any) -> None:
+    """One JSON object per sample, the seed's train_data_step*.jsonl fields."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for i, log in enumerate(rollouts.message_logs):
+            row = {"content": [{"role": m.role, "content": m.content} for m in log],
+                   "rewards": float(batch.rewards[i]) if batch is not None else float(rollouts.rewards[i])}
+            if batch is not None:
+                valid = batch.attention_mask[i].bool()
+                row.update({
+                    "input_lengths": int(valid.sum()), "token_ids": batch.input_ids[i][valid].tolist(),
+                    "token_loss_mask": batch.token_mask[i][valid].tolist(),
+                    "sample_loss_mask": float(batch.sample_mask[i]),
+                    "advantages": batch.advantages[i][valid].tolist(),
+                    "generation_logprobs": batch.generation_logprobs[i][valid].tolist(),
+                    "prev_logprobs": batch.prev_logprobs[i][valid].tolist() if batch.prev_logprobs is not None else None,
+                })
+            f.write(json.dumps(row) + "\n")

@@ -1,0 +1,97 @@
+"""The package layering the architecture promises, checked on the source (no imports run).
+
+``grpo_sdk.core`` is the contract layer (protocols, records, config, errors): it imports nothing
+else of grpo-sdk, and no two packages import each other (directly or through others).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "grpo_sdk"
+
+
+def package_of(module: str) -> str:
+    """``grpo_sdk.core.config`` -> ``core``; a top-level module (``grpo_sdk.report``) is its own
+    node, and ``grpo_sdk`` itself (``__version__``) is ``(root)``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """Every grpo_sdk module this file imports, anywhere in it (lazy imports inside functions too)."""
+    relative = path.relative_to(SRC.parent).with_suffix("")
+    here = list(relative.parts if relative.name != "__init__" else relative.parts[:-1])
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "grpo_sdk"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "grpo_sdk":
+                found.append((node.lineno, target))
+    return found
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """(from package, to package) -> where: ``file:line -> module``."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        source = package_of(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        for line, target in imports_of(path):
+            dest = package_of(target)
+            if dest != source:
+                edges.setdefault((source, dest), []).append(f"{path.relative_to(SRC)}:{line} -> {target}")
+    return edges
+
+
+def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    found, seen = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycle = path[path.index(nxt):]
+                key = frozenset(cycle)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(cycle + [nxt])
+            elif len(path) < 8:
+                walk(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_core_imports_nothing_else_of_grpo_sdk():
+    out_of_core = {k: v for k, v in package_edges().items() if k[0] == "core"}
+    assert not out_of_core, "grpo_sdk.core must be a leaf; it imports:\n" + "\n".join(
+        line for where in out_of_core.values() for line in where)
+
+
+def test_no_cycle_between_packages():
+    edges = package_edges()
+    found = cycles(edges)
+    detail = []
+    for cycle in found:
+        for a, b in zip(cycle, cycle[1:]):
+            detail.append(f"{a} -> {b}: " + "; ".join(edges[(a, b)][:3]))
+    assert not found, "import cycles between packages:\n" + "\n".join(detail)
+
+
+def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
+    # The checks above are only as good as the walker: it must see imports inside functions.
+    path = SRC / "core" / "config_loader.py"
+    assert any(target.startswith("grpo_sdk.core") for _, target in imports_of(path))
+    assert imports_of(SRC / "cli" / "run_cmd.py"), "run_cmd imports grpo_sdk modules, lazily too"
