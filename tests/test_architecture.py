@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "grpo_sdk"
 
 
 def package_of(module: str) -> str:
-    """``grpo_sdk.core.config`` -> ``core``; a top-level module (``grpo_sdk.report``) is its own
+    """``grpo_sdk.core.config`` -> ``core``; a top-level module (``grpo_sdk.x``) is its own
     node, and ``grpo_sdk`` itself (``__version__``) is ``(root)``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "(root)"

@@ -211,6 +211,7 @@ def test_mlflow_file_store_holds_metrics_params_and_config(context, no_file_stor
     from grpo_sdk.loggers.specs import MLflowConfig
 
     logger = MLflowLogger(MLflowConfig(), context)
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ, "the logger's opt-in must not outlive its store's creation"
     feed(logger)
     assert logger.tracking_uri == f"file:{context.run_dir.resolve() / 'mlruns'}"
     client = MlflowClient(logger.tracking_uri)

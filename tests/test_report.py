@@ -14,7 +14,7 @@ import sys
 
 
 from grpo_sdk.cli.app import main
-from grpo_sdk.report import load_metrics, rolling_mean
+from grpo_sdk.cli.report import load_metrics, rolling_mean
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 IMAGES = ("reward.png", "kl.png", "response_length.png", "timing.png", "validation.png")
@@ -136,7 +136,7 @@ def test_rolling_mean_skips_non_finite_values():
 
 
 def test_cli_import_does_not_load_matplotlib():
-    code = ("import sys, grpo_sdk.cli.app, grpo_sdk.report\n"
+    code = ("import sys, grpo_sdk.cli.app, grpo_sdk.cli.report\n"
             "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

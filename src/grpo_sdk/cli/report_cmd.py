@@ -1,6 +1,6 @@
 """`grpoctl report`: look at a run instead of reading its metrics.jsonl.
 
-The work is in ``grpo_sdk.report`` (importable without the CLI); matplotlib is imported only
+The work is in ``grpo_sdk.cli.report`` (importable without typer); matplotlib is imported only
 when the command runs, so ``grpoctl --help`` stays light.
 """
 
@@ -26,7 +26,7 @@ def report(
     metrics.jsonl; exit 3 when matplotlib is missing (pip install 'grpo-sdk[report]').
     """
     def body() -> None:
-        from grpo_sdk.report import write_report
+        from grpo_sdk.cli.report import write_report
 
         result = write_report(run_dir, out)
         for note in result.notes:

@@ -63,11 +63,17 @@ class MLflowLogger:
         config = config or MLflowConfig()
         run_dir = Path(context.run_dir)
         uri = config.tracking_uri or f"file:{(run_dir / 'mlruns').resolve()}"
-        if urlparse(uri).scheme in ("", "file"):  # a local path or file: URI is a file store
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.tracking_uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        experiment = self.client.get_experiment_by_name(config.experiment_name)
+        # MLflow 3 refuses a file store unless MLFLOW_ALLOW_FILE_STORE is set; it checks once, when
+        # the client builds its store (cached per URI), so the opt-in lasts only for that.
+        file_store = urlparse(uri).scheme in ("", "file") and "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+        os.environ.update({"MLFLOW_ALLOW_FILE_STORE": "true"} if file_store else {})
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            experiment = self.client.get_experiment_by_name(config.experiment_name)
+        finally:
+            if file_store:
+                os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else self.client.create_experiment(config.experiment_name))
         self.run_id = self.client.create_run(experiment_id, run_name=config.run_name or run_dir.name,

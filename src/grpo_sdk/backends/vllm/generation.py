@@ -13,16 +13,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from grpo_sdk.backends.vllm.config import VLLMConfig
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import GenerationInput, GenerationOutput, SamplingParams
 
@@ -30,12 +30,10 @@ from grpo_sdk.core.records import GenerationInput, GenerationOutput, SamplingPar
 class VLLMGeneration:
     def __init__(self, config: VLLMConfig | None, context: RunContext):
         config = config or VLLMConfig()
-        if config.async_engine:
-            raise ConfigError([("policy.generation.vllm.async_engine", "the synchronous training loop drives the "
-                                "synchronous engine; set it to false")])
         in_process = config.tensor_parallel_size * config.pipeline_parallel_size == 1
-        if in_process:  # must be set before vllm builds its engine
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # In one process vLLM must not fork its engine core. It reads this variable only while it
+        # builds the engine, so it is set for the construction and then put back as it was.
+        in_process = in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
         from vllm import LLM
 
         cfg = context.config
@@ -50,9 +48,10 @@ class VLLMGeneration:
         )
         if config.kv_cache_memory_bytes:
             engine_args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-        self.llm = LLM(**engine_args)
+        with _environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None):
+            self.llm = LLM(**engine_args)
         self.config = config
-        self.in_process = in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        self.in_process = in_process
         tokenizer = load_tokenizer(context.tokenizer_path)
         self.pad_token_id = tokenizer.pad_token_id
         self.weight_version = 0
@@ -121,3 +120,18 @@ class VLLMGeneration:
 
     def shutdown(self) -> None:
         self.llm = None
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None) -> Iterator[None]:
+    """``name=value`` in this process's environment for the block (None: leave it as it is)."""
+    saved = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

@@ -2,7 +2,7 @@
 
 ``grpoctl report RUN_DIR [--out DIR]`` calls ``write_report``; library users can too::
 
-    from grpo_sdk.report import write_report
+    from grpo_sdk.cli.report import write_report
     result = write_report("runs/grpo-20250101-120000")
     result.files   # [.../report/reward.png, ..., .../report/report.md]
 
