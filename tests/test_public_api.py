@@ -288,7 +288,7 @@ def test_the_compatibility_page_lists_the_public_names():
 # The contract kit is public too: plugin packages' own test suites import it.
 TESTING_NAMES = [
     "Component", "ContractError", "ContractTests", "SELECTORS", "check_config", "check_light", "check_protocol",
-    "check_spec", "grpo_component", "grpo_tiny_model", "parse_component", "pytest_addoption",
+    "check_spec", "grpo_component", "grpo_overrides", "grpo_tiny_model", "parse_component", "pytest_addoption",
     "pytest_generate_tests", "run_training",
 ]
 CONTRACT_TESTS = ["test_config", "test_protocol", "test_spec", "test_spec_is_light", "test_trains"]

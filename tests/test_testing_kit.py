@@ -1,8 +1,9 @@
 """`grpo_sdk.testing`, the contract kit: passes components that fit, and says why one does not.
 
 The components under test are fake installed distributions (``FakeSite`` in conftest.py): an
-estimator ``kit`` whose spec, config class or implementation each variant breaks in one way, and
-a generation backend that forgets the weight version of its last sync. Every check runs against
+estimator ``kit`` whose spec, config class or implementation each variant breaks in one way, a
+generation backend that forgets the weight version of its last sync, and one that ignores the
+weights it is sent. Every check runs against
 ``Registry.discover()``, as a plugin package's own tests do. The built-in components pass the
 static checks; the last tests run the pytest plugin itself in a plugin-like project.
 """
@@ -188,6 +189,52 @@ def test_a_generation_backend_that_misreports_its_weight_version_fails(fake_site
         run_training("generation", "stale", steps=2, registry=registry, model_dir=tiny_model_dir)
 
 
+FAKE_IGNORING_GENERATION = '''\
+from grpo_sdk.backends.hf.generation import HFGeneration
+
+
+class FakeIgnoringGeneration(HFGeneration):
+    """A fake: takes every sync's weights, loads none of them, and reports the new version."""
+
+    def update_weights(self, weights, *, version):
+        for _ in weights:  # drained, as a transport expects, and dropped
+            pass
+        self.weight_version = version
+'''
+
+
+def install_fake_ignoring_generation(site):
+    spec = ('from grpo_sdk.plugins import ComponentSpec\n'
+            'SPEC = ComponentSpec(name="ignoring", kind="generation", impl="ignoring_gen.impl:FakeIgnoringGeneration",\n'
+            '                     config="grpo_sdk.backends.hf.config:HFGenerationConfig", summary="A fake.")\n')
+    site.add("ignoring-gen", entry_points={"grpo_sdk.generation": {"ignoring": "ignoring_gen.spec:SPEC"}},
+             files={"ignoring_gen/__init__.py": "", "ignoring_gen/spec.py": spec,
+                    "ignoring_gen/impl.py": FAKE_IGNORING_GENERATION})
+    return Registry.discover()
+
+
+# On the recipe, the run's own step 1 moves the weights and step 2 shows the stale backend. At
+# temperature 0.05 each group's samples are identical, every advantage of the run is 0 and no step
+# moves the weights: the kit without the weight-sync probe passed this fake there.
+def test_a_generation_backend_that_ignores_new_weights_fails(fake_site, tiny_model_dir):
+    registry = install_fake_ignoring_generation(fake_site)
+    check_protocol("generation", "ignoring", registry=registry)  # the methods fit; the behaviour does not
+    with pytest.raises(ContractError, match=r"token_mult_prob_error is 1\.1\d+ in step 2"):
+        run_training("generation", "ignoring", steps=2, registry=registry, model_dir=tiny_model_dir)
+    with pytest.raises(ContractError, match="generation does not sample with the synced weights") as caught:
+        run_training("generation", "ignoring", ["policy.generation.temperature=0.05"], steps=2, registry=registry,
+                     model_dir=tiny_model_dir)
+    message = str(caught.value)
+    assert "generation backend 'ignoring'" in message and "though it reports version 3" in message
+    assert "update_weights(weights, version=) must load every (name, tensor)" in message
+
+
+def test_the_probe_passes_the_builtin_backend_where_the_run_never_moves_the_weights(tiny_model_dir):
+    rows = run_training("generation", "hf", ["policy.generation.temperature=0.05"], steps=2,
+                        registry=Registry.discover(), model_dir=tiny_model_dir)
+    assert all(row["advantages/mean"] == 0 for row in rows)  # the run itself gave the probe nothing to see
+
+
 @pytest.mark.parametrize("text, error", [
     ("estimator", "expected 'kind:name'"),
     ("sampler:acme", "unknown kind 'sampler'"),
@@ -242,3 +289,24 @@ def test_the_pytest_plugin_needs_components_to_check(fake_site, tmp_path):
     result = run_pytest(project, fake_site)
     assert result.returncode == 2  # a collection error: nothing ran
     assert "lists none: add grpo_components" in result.stdout
+
+
+def test_overrides_known_at_test_time_reach_the_kit_and_each_case_has_a_readable_id(fake_site, tmp_path):
+    install_kit(fake_site)
+    project = make_project(tmp_path, ["estimator:kit", "estimator:kit grpo.adv_estimator.kit.scale=0.5"])
+    (project / "tests" / "test_contract.py").write_text(textwrap.dedent("""\
+        import pytest
+
+        from grpo_sdk.testing import ContractTests
+
+
+        class TestContract(ContractTests):
+            @pytest.fixture
+            def grpo_overrides(self, grpo_component):  # e.g. a server's port; here a typo to show it arrives
+                return ["grpo.adv_estimator.kit.scael=2"] if grpo_component.overrides else []
+        """))
+    result = run_pytest(project, fake_site, "-vv", "-k", "test_config")  # -vv: past run_pytest's -q
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "test_config[estimator:kit] PASSED" in result.stdout
+    assert "test_config[estimator:kit grpo.adv_estimator.kit.scale=0.5] FAILED" in result.stdout
+    assert "grpo.adv_estimator.kit.scael" in result.stdout

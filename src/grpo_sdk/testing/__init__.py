@@ -15,7 +15,7 @@ Four checks, each raising an ``AssertionError`` that says what is wrong and how 
   digits, 4 prompts x 4 generations) through the real ``GRPOTrainer`` with the component
   selected; every metric of every step must be finite, and the generation backend must sample
   with the weights of the last sync. Then the weight-sync probe: optimizer steps with a fixed
-  positive advantage move the policy's weights for certain (a run's own first steps may not
+  advantage move the policy's weights for certain (a run's own first steps may not
   move them: rewards all 0 give advantages all 0), one more sync, and the generation backend's
   logprobs of what it samples must match the policy's (``token_mult_prob_error`` close to 1).
   A backend whose ``update_weights`` ignores the weights fails here.
@@ -44,7 +44,7 @@ Overrides known only when the tests run (the port of a server a fixture started)
     class TestContract(ContractTests):
         @pytest.fixture
         def grpo_overrides(self, acme_server):
-            return [f"policy.generation.acme.url=http://127.0.0.1:{acme_server.port}"]
+            return [f"policy.generation.acme.url={acme_server.url}"]
 
 Every helper takes ``registry=``: by default components are discovered from the installed
 entry points (``Registry.discover()``), as ``grpoctl`` does; pass a registry to check components
@@ -416,7 +416,7 @@ _EXTREMES = ("_min", "_max")
 # the logprob tolerance, so a stale backend is well outside it) and how many optimizer steps it
 # may take to get there.
 PROBE_MARGIN = 3.0
-PROBE_MAX_STEPS = 8
+PROBE_MAX_STEPS = 32
 
 
 def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: int = 2,
@@ -437,7 +437,7 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
     The probe does not trust the run to have changed the weights (when every step-1 reward is 0,
     every advantage is 0 and no weight moves, so a backend that ignores ``update_weights`` would
     still agree with the policy). It samples the next prompts, trains the policy on them with
-    advantage +1 on every generated token until its logprobs of those tokens have moved by
+    advantage -1 on every generated token until its logprobs of those tokens have moved by
     ``PROBE_MARGIN`` x ``logprob_tolerance`` (in token_mult_prob_error), syncs the weights through
     the run's transport as version ``steps + 1``, samples again, and requires the generation
     backend to report that version and logprobs within ``logprob_tolerance`` of the policy's.
@@ -484,7 +484,8 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
 def _check_built(trainer: Any, kind: str, name: str, registry: Registry) -> None:
     """The run built the component under test (seen through the local runtime's deadline wrapper)."""
     impl = registry.load_impl(kind, name)
-    built = trainer.components.loggers if kind == "logger" else [getattr(trainer.components, kind)]  # the trainer names them by kind
+    parts = trainer.components
+    built = parts.loggers if kind == "logger" else [getattr(parts, kind)]  # the record names them by kind
     from grpo_sdk.runtime.deadlines import EnvironmentDeadline
 
     built = [obj.component if isinstance(obj, EnvironmentDeadline) else obj for obj in built]
@@ -532,29 +533,26 @@ def _mult_prob_error(a: Any, b: Any, mask: Any) -> float:
 
 def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float) -> dict[str, float]:
     """Move the policy for certain, sync, and check generation samples under the new weights (see
-    ``run_training``). Talks to the built components through their protocols only; from the trainer
-    it reads ``config``, ``policy``, ``generation``, ``weight_sync``, ``prompts``, ``tokenizer`` and
-    ``max_prompt_tokens``."""
+    ``run_training``). Talks to the built components through their protocols only; takes the run's
+    prompt source, tokenizer and sampling parameters from ``trainer.components``."""
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.core.config import LossConfig
-    from grpo_sdk.core.records import GenerationInput, SamplingParams, TrainBatch
+    from grpo_sdk.core.records import GenerationInput, TrainBatch
     from grpo_sdk.trainer.rollout import left_pad, tokenize_prompts
 
-    cfg, policy, generation = trainer.config, trainer.components.policy, trainer.components.generation
-    G, gen = cfg.grpo.num_generations_per_prompt, cfg.policy.generation
-    prompts = trainer.components.prompts.next_prompts(cfg.grpo.num_prompts_per_step)
-    rows = [ids for ids in tokenize_prompts(trainer.components.tokenizer, prompts, trainer.components.max_prompt_tokens) for _ in range(G)]
-    input_ids, attention_mask = left_pad(rows, trainer.components.tokenizer.pad_token_id)
+    cfg, parts = trainer.config, trainer.components
+    policy, generation, G = parts.policy, parts.generation, cfg.grpo.num_generations_per_prompt
+    prompts = parts.prompts.next_prompts(cfg.grpo.num_prompts_per_step)
+    rows = [ids for ids in tokenize_prompts(parts.tokenizer, prompts, parts.max_prompt_tokens) for _ in range(G)]
+    input_ids, attention_mask = left_pad(rows, parts.tokenizer.pad_token_id)
     inputs = GenerationInput(input_ids=input_ids, attention_mask=attention_mask)
-    sampling = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
-                              top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids))
 
     def sample() -> tuple[int, TrainBatch]:
         generation.prepare_for_generation()
         try:
-            out = generation.generate(inputs, sampling)
+            out = generation.generate(inputs, parts.sampling)
         finally:
             generation.finish_generation()
         width = out.response_ids.shape[1]
@@ -566,9 +564,11 @@ def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float)
             sample_mask=torch.ones(len(rows)),
             generation_logprobs=torch.cat([torch.zeros(input_ids.shape), out.logprobs.float().cpu()], 1),
             group_ids=torch.arange(len(prompts)).repeat_interleave(G), rewards=torch.zeros(len(rows)),
-            advantages=token_mask)  # +1 on every generated token: the policy makes them more likely
+            advantages=-token_mask)  # -1 on every generated token: the policy makes them less likely
 
-    # 1. Move the policy: a fixed positive advantage gives a gradient whatever the rewards were.
+    # 1. Move the policy: a fixed advantage gives a gradient whatever the rewards were. Negative, so
+    # the sampled tokens lose probability: at a low temperature they are near certain, and making
+    # them more likely would not move their logprobs.
     _, batch = sample()
     before = policy.logprobs(batch)
     loss_fn = ClippedPGLoss(LossConfig(reference_policy_kl_penalty=0.0))
@@ -581,7 +581,7 @@ def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float)
     if moved < floor:
         optimizer = cfg.policy.optimizer
         raise ContractError(
-            f"training with {label}: the weight-sync probe trained the policy {nudges} times with advantage +1 on "
+            f"training with {label}: the weight-sync probe trained the policy {nudges} times with advantage -1 on "
             f"every sampled token and its logprobs of those tokens moved by only {moved:.4f} (token_mult_prob_error "
             f"against the logprobs before; needed: {floor:.4f}). "
             + ("policy.train changes no weight: it must take an optimizer step on the loss it is given"
@@ -590,7 +590,7 @@ def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float)
                "policy.scheduler (the probe trains after the run's last step)"))
 
     # 2. Sync through the run's transport; generation must now sample with the moved weights.
-    trainer.components.weight_sync.sync_weights(policy, generation, version=version)
+    parts.weight_sync.sync_weights(policy, generation, version=version)
     reported, batch = sample()
     if reported != version:
         raise ContractError(f"training with {label}: after the weight sync of version {version}, generation reported "
@@ -624,8 +624,17 @@ class ContractTests:
             steps = 3                  # training steps of test_trains
             logprob_tolerance = 0.05   # e.g. a bf16 inference engine; None skips the check
 
-    Needs ``pytest_plugins = ["grpo_sdk.testing"]`` in ``conftest.py`` (the ``grpo_component``
-    and ``grpo_tiny_model`` fixtures). Override a test to skip or extend it.
+    Needs ``pytest_plugins = ["grpo_sdk.testing"]`` in ``conftest.py`` (the ``grpo_component``,
+    ``grpo_overrides`` and ``grpo_tiny_model`` fixtures). Config overrides known only when the
+    tests run (a server's port) come from the ``grpo_overrides`` fixture; override it::
+
+        class TestContract(ContractTests):
+            @pytest.fixture
+            def grpo_overrides(self, acme_server):   # a fixture of the plugin's own conftest.py
+                return [f"policy.generation.acme.url={acme_server.url}"]
+
+    They follow the component's own overrides (``grpo_components``) in ``test_config`` and
+    ``test_trains``. Override a test to skip or extend it.
     """
 
     steps: int = 2
@@ -637,15 +646,17 @@ class ContractTests:
     def test_spec_is_light(self, grpo_component: Component) -> None:
         check_light(grpo_component.kind, grpo_component.name)
 
-    def test_config(self, grpo_component: Component) -> None:
-        check_config(grpo_component.kind, grpo_component.name, grpo_component.overrides)
+    def test_config(self, grpo_component: Component, grpo_overrides: Sequence[str]) -> None:
+        check_config(grpo_component.kind, grpo_component.name, [*grpo_component.overrides, *grpo_overrides])
 
     def test_protocol(self, grpo_component: Component) -> None:
         check_protocol(grpo_component.kind, grpo_component.name)
 
-    def test_trains(self, grpo_component: Component, grpo_tiny_model: Path, tmp_path: Path) -> None:
-        run_training(grpo_component.kind, grpo_component.name, grpo_component.overrides, steps=self.steps,
-                     run_dir=tmp_path / "run", model_dir=grpo_tiny_model, logprob_tolerance=self.logprob_tolerance)
+    def test_trains(self, grpo_component: Component, grpo_overrides: Sequence[str], grpo_tiny_model: Path,
+                    tmp_path: Path) -> None:
+        run_training(grpo_component.kind, grpo_component.name, [*grpo_component.overrides, *grpo_overrides],
+                     steps=self.steps, run_dir=tmp_path / "run", model_dir=grpo_tiny_model,
+                     logprob_tolerance=self.logprob_tolerance)
 
 
 # The pytest plugin: `pytest_plugins = ["grpo_sdk.testing"]` registers this module, so its hooks
@@ -654,6 +665,7 @@ class ContractTests:
 try:
     from grpo_sdk.testing.pytest_plugin import (  # noqa: E402
         grpo_component,
+        grpo_overrides,
         grpo_tiny_model,
         pytest_addoption,
         pytest_generate_tests,
@@ -662,4 +674,4 @@ except ModuleNotFoundError as exc:
     if exc.name != "pytest":
         raise
 else:
-    __all__ += ["grpo_component", "grpo_tiny_model", "pytest_addoption", "pytest_generate_tests"]
+    __all__ += ["grpo_component", "grpo_overrides", "grpo_tiny_model", "pytest_addoption", "pytest_generate_tests"]

@@ -12,12 +12,18 @@ entry point, so installing grpo-sdk changes no other project's test run).
         "estimator:acme-multi env.name=acme_two_rewards grpo.adv_estimator.acme-multi.weights=[1,2]",
     ]
 
-Every test that takes the ``grpo_component`` fixture runs once per entry (test ids
-``estimator:acme``); ``grpo_sdk.testing.ContractTests`` is the ready-made suite.
+Every test that takes the ``grpo_component`` fixture runs once per entry, and its id is the
+entry as written (``test_trains[estimator:acme]``, ``test_trains[estimator:acme-multi env.name=...]``);
+``grpo_sdk.testing.ContractTests`` is the ready-made suite.
+
+Overrides that only exist once the tests run (the port of a server a fixture started) come from
+the ``grpo_overrides`` fixture, empty here: a plugin's ``conftest.py`` or its ``ContractTests``
+subclass overrides it, and may take ``grpo_component`` to give each entry its own.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -51,13 +57,31 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             f"{metafunc.definition.nodeid} checks the components listed in the grpo_components ini option, "
             'and it lists none: add grpo_components = ["kind:name"] to [tool.pytest.ini_options] in '
             "pyproject.toml")
-    metafunc.parametrize("grpo_component", components, ids=str, indirect=True)
+    metafunc.parametrize("grpo_component", components, ids=case_id, indirect=True)
+
+
+def case_id(component: Component) -> str:
+    """The test id of a ``grpo_components`` entry: the entry itself, quoted as shlex would."""
+    return shlex.join([str(component), *component.overrides])
 
 
 @pytest.fixture
 def grpo_component(request: pytest.FixtureRequest) -> Component:
     """One entry of the ``grpo_components`` ini option: ``.kind``, ``.name``, ``.overrides``."""
     return request.param
+
+
+@pytest.fixture
+def grpo_overrides() -> list[str]:
+    """Config overrides for ``test_config`` and ``test_trains`` known only at test time; none here.
+
+    Override it where they are known, e.g. in the ``ContractTests`` subclass::
+
+        @pytest.fixture
+        def grpo_overrides(self, acme_server):
+            return [f"policy.generation.acme.url={acme_server.url}"]
+    """
+    return []
 
 
 @pytest.fixture(scope="session")
