@@ -168,7 +168,7 @@ def test_schema_documents_every_key(cli):
         assert path in entries
     assert entries["policy.model_name"][0] == "str = (required)"
     assert [path for path, (_, text) in entries.items() if not text] == []
-    assert not any(key in path for path in entries for key in ("blocks", "configs", "extra_sections"))
+    assert not any(key in path for path in entries for key in ("raw_blocks", "structured_blocks", "extra_sections"))
 
 
 @pytest.mark.parametrize("section, inside, outside", [

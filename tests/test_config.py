@@ -349,8 +349,8 @@ def test_plugin_block_is_structured_into_its_class(registry):
 
 def test_unselected_block_is_kept_and_not_validated(registry):
     cfg = load(registry, "logger.console.bogus=1")  # loggers: [jsonl]
-    assert cfg.logger.blocks["console"] == {"bogus": 1}
-    assert "console" not in cfg.logger.configs
+    assert cfg.logger.raw_blocks["console"] == {"bogus": 1}
+    assert "console" not in cfg.logger.structured_blocks
     assert dump_config(cfg)["logger"]["console"] == {"bogus": 1}
     # Once selected, the same block is checked: console takes no options.
     found = problems(registry, "logger.loggers=[jsonl, console]", "logger.console.bogus=1")
@@ -449,7 +449,51 @@ def test_omitted_pluggable_section_gets_plugin_defaults(registry, write):
     cfg = load(registry, files=[write("cfg.yaml", BASE)])
     assert C.plugin_config(cfg.env) == ReverseDigitsConfig()
     assert C.plugin_config(cfg.grpo.adv_estimator) == GRPOEstimatorConfig()
-    assert cfg.weight_sync.configs == {"inprocess": None}  # selected, takes no options
+    assert cfg.weight_sync.structured_blocks == {"inprocess": None}  # selected, takes no options
+
+
+# --- removed options ----------------------------------------------------------------------------
+
+
+def test_an_old_resolved_config_with_removed_keys_still_loads(registry, tmp_path, caplog):
+    """`--resume` reads the run's config.resolved.yaml, which lists every key: one written before a key
+    was removed holds it at its default, and must load (silently: it meant nothing)."""
+    old = yaml.safe_load(to_yaml(load(registry)))
+    old["grpo"]["skip_reference_policy_logprobs_calculation"] = False
+    old["policy"]["generation"]["vllm"] = {"gpu_memory_utilization": 0.5, "async_engine": False}
+    path = tmp_path / "config.resolved.yaml"
+    path.write_text(yaml.safe_dump(old, sort_keys=False))
+    cfg = load(registry, files=[str(path)])
+    assert "skip_reference_policy_logprobs_calculation" not in dump_config(cfg)["grpo"]
+    assert caplog.records == []
+    # Once vLLM is selected its block is structured: the removed key is dropped there too.
+    from grpo_sdk.backends.vllm.config import VLLMConfig
+    from grpo_sdk.core.config_loader import Structurer
+
+    assert Structurer(registry).structure({"async_engine": False}, VLLMConfig) == VLLMConfig()
+
+
+def test_a_removed_key_at_another_inert_value_loads_with_a_warning(registry, caplog):
+    cfg = load(registry, "grpo.skip_reference_policy_logprobs_calculation=true", "loss_fn.reference_policy_kl_penalty=0")
+    assert cfg.loss_fn.reference_policy_kl_penalty == 0
+    [record] = caplog.records
+    assert record.getMessage().startswith("grpo-sdk: warning: grpo.skip_reference_policy_logprobs_calculation: "
+                                          "removed option, ignored: ")
+    assert "\n" not in record.getMessage()
+
+
+def test_a_removed_key_at_a_value_that_did_something_is_an_error(registry):
+    from grpo_sdk.backends.vllm.config import VLLMConfig
+    from grpo_sdk.core.config_loader import Structurer
+
+    with pytest.raises(ConfigError) as info:
+        Structurer(registry).structure({"async_engine": True, "enforce_eager": 3}, VLLMConfig)
+    found = dict(info.value.problems)
+    assert found.keys() == {"async_engine", "enforce_eager"}  # reported with the other problems
+    assert found["async_engine"].startswith("this option was removed: the synchronous training loop drives")
+    assert "saved configs that hold false still load" in found["async_engine"]
+    assert "this option was removed" in problems(registry, "grpo.skip_reference_policy_logprobs_calculation=1")[
+        "grpo.skip_reference_policy_logprobs_calculation"]
 
 
 # --- documentation ------------------------------------------------------------------------------
@@ -457,7 +501,7 @@ def test_omitted_pluggable_section_gets_plugin_defaults(registry, write):
 
 def plugin_config_classes(registry) -> dict[str, type]:
     """Every built-in's config class, usable or not (config modules are light: no requirement needed)."""
-    from grpo_sdk.plugins.registry import import_target
+    from grpo_sdk.core.imports import import_target
 
     return {f"{info.kind}:{info.name}": import_target(info.spec.config) for info in registry.list()
             if info.spec is not None and info.spec.config is not None}

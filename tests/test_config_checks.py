@@ -20,8 +20,6 @@ def registry():
 @pytest.mark.parametrize("overrides, key, text", [
     (["loss_fn.force_on_policy_ratio=true", "policy.train_global_batch_size=64"],
      "loss_fn.force_on_policy_ratio", "train_global_batch_size == grpo.num_prompts_per_step x"),
-    (["grpo.skip_reference_policy_logprobs_calculation=true", "loss_fn.reference_policy_kl_penalty=0.1"],
-     "grpo.skip_reference_policy_logprobs_calculation", "reference_policy_kl_penalty == 0"),
     (["grpo.batch_multiplier=2"], "grpo.batch_multiplier", "use_dynamic_sampling=true"),
     (["grpo.reward_scaling.enabled=true", "grpo.reward_scaling.source_max=0"],
      "grpo.reward_scaling.source_max", "greater than grpo.reward_scaling.source_min"),

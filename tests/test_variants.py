@@ -59,7 +59,6 @@ VARIANTS = {
                                              "grpo.reward_shaping.stop_properly_penalty_coef=0.5",
                                              "grpo.overlong_filtering=true"],
     "advantage_clipping": ["grpo.advantage_clip_low=-1", "grpo.advantage_clip_high=1"],
-    "skip_reference": ["grpo.skip_reference_policy_logprobs_calculation=true"],
 }
 
 

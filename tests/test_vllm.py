@@ -63,7 +63,7 @@ def make(registry, model_dir, *overrides):
     context = RunContext(config=cfg, run_dir=model_dir, model_path=str(model_dir), tokenizer_path=str(model_dir),
                          device="cpu", seed=0, needs_reference=False)
     generation = registry.load_impl("generation", "vllm")(
-        cfg.policy.generation.configs["vllm"], context)
+        cfg.policy.generation.structured_blocks["vllm"], context)
     return generation, HFPolicy(None, context), load_tokenizer(str(model_dir)), cfg
 
 

@@ -302,7 +302,7 @@ def schema_leaves() -> list[tuple[str, Any]]:
             if attrs.has(type(value)):
                 walk(value, f"{prefix}{field.name}.")
         if getattr(type(obj), "__plugin__", None) is not None:
-            for name, block in obj.configs.items():
+            for name, block in obj.structured_blocks.items():
                 if block is not None:
                     out.append((prefix + name, type(block)))
                     walk(block, f"{prefix}{name}.")

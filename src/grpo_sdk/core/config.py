@@ -36,8 +36,34 @@ def option(default: Any = attrs.NOTHING, help: str = "", *, factory: Any = None,
 
 
 def _internal() -> Any:
-    # Filled by the loader from the plugin blocks; not a key users write.
+    # Filled by the loader; not a key users write.
     return attrs.field(factory=dict, metadata={"internal": True})
+
+
+def _raw_blocks() -> Any:
+    # Every plugin block as written in the YAML, keyed by plugin name, selected or not (dumped back as is).
+    return _internal()
+
+
+def _structured_blocks() -> Any:
+    # The selected plugins' blocks structured into their config classes (None: the plugin takes no options).
+    return _internal()
+
+
+@attrs.frozen
+class RemovedOption:
+    """A key an earlier release had, declared in its class's ``__removed__`` mapping (key -> RemovedOption).
+
+    A run's ``config.resolved.yaml`` lists every key, so ``--resume`` of an older run meets removed
+    keys: at a value in ``inert`` (values that had no effect) the key is dropped, silently at
+    ``inert[0]`` (the old default) and with a one-line warning otherwise; any other value is an error
+    saying the option was removed and ``why``::
+
+        __removed__ = {"async_engine": RemovedOption(inert=(False,), why="the loop is synchronous")}
+    """
+
+    inert: tuple[Any, ...]
+    why: str
 
 
 @attrs.frozen(kw_only=True)
@@ -84,8 +110,8 @@ class AdvEstimatorConfig:
     __plugin__ = PluginSlot(kind="estimator", selector="name")
 
     name: str = option("grpo", "Advantage estimator, a name in the grpo_sdk.estimators group.")
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 @attrs.frozen(kw_only=True)
@@ -114,6 +140,10 @@ class RewardShapingConfig:
 
 @attrs.frozen(kw_only=True)
 class GRPOConfig:
+    __removed__ = {"skip_reference_policy_logprobs_calculation": RemovedOption(
+        inert=(False, True), why="reference-policy logprobs are computed exactly when "
+        "loss_fn.reference_policy_kl_penalty > 0, and the key could only say so (true required a zero penalty)")}
+
     num_prompts_per_step: int = option(32, "Prompts drawn per step; the rollout batch is "
                                        "num_prompts_per_step x num_generations_per_prompt rows.", validator=row_count)
     num_generations_per_prompt: int = option(16, "Responses sampled per prompt: the group size G "
@@ -138,9 +168,6 @@ class GRPOConfig:
                                       "the loss; they still count in their group's baseline.")
     advantage_clip_low: float | None = option(None, "Clamp advantages from below; null disables.")
     advantage_clip_high: float | None = option(None, "Clamp advantages from above; null disables.")
-    skip_reference_policy_logprobs_calculation: bool = option(
-        False, "Never compute reference-policy logprobs; requires loss_fn.reference_policy_kl_penalty == 0 (with a "
-        "zero penalty they are skipped anyway).")
     seq_logprob_error_threshold: float | None = option(
         None, "Drop samples whose mean per-token exp(|generation logprob - policy logprob|) exceeds this (e.g. 1.5) "
         "from the loss; the metric is logged either way.")
@@ -255,8 +282,8 @@ class GenerationConfig:
                                        validator=v.deep_iterable(non_negative))
     colocated: ColocatedConfig = option(factory=lambda: ColocatedConfig(), help="Whether generation shares the "
                                         "policy's devices.")
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 @attrs.frozen(kw_only=True)
@@ -280,8 +307,8 @@ class PolicyConfig:
     optimizer: OptimizerConfig = option(factory=OptimizerConfig, help="Optimizer settings.")
     scheduler: SchedulerConfig = option(factory=SchedulerConfig, help="Learning-rate schedule.")
     generation: GenerationConfig = option(factory=GenerationConfig, help="Rollout generation settings.")
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 # --- data, env ------------------------------------------------------------------------------
@@ -339,8 +366,8 @@ class EnvConfig:
                                         validator=[v.ge(0.0), v.le(1.0)])
     failed_window_steps: int = option(10, "Steps over which max_failed_fraction is measured.",
                                       validator=[positive, v.le(MAX_ROWS)])
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 # --- infrastructure -------------------------------------------------------------------------
@@ -351,8 +378,8 @@ class WeightSyncConfig:
     __plugin__ = PluginSlot(kind="weight_sync", selector="backend")
 
     backend: str = option("inprocess", "Weight-sync transport, a name in the grpo_sdk.weight_sync group.")
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 @attrs.frozen(kw_only=True)
@@ -363,8 +390,8 @@ class LoggerConfig:
     loggers: list[str] = option(factory=lambda: ["jsonl"], help="Metric sinks, names in the grpo_sdk.loggers group.")
     dump_train_data: bool = option(False, "Write every step's training batch (prompts, responses, token ids, masks, "
                                    "rewards, advantages, logprobs) to <run_dir>/train_data/step_N.jsonl.")
-    blocks: dict[str, Any] = _internal()
-    configs: dict[str, Any] = _internal()
+    raw_blocks: dict[str, Any] = _raw_blocks()
+    structured_blocks: dict[str, Any] = _structured_blocks()
 
 
 @attrs.frozen(kw_only=True)
@@ -430,4 +457,4 @@ class MasterConfig:
 def plugin_config(section: Any, name: str | None = None) -> Any:
     """The structured config block of the selected plugin of a pluggable section."""
     slot: PluginSlot = type(section).__plugin__
-    return section.configs.get(name if name is not None else getattr(section, slot.selector))
+    return section.structured_blocks.get(name if name is not None else getattr(section, slot.selector))

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.metadata as md
 from collections import defaultdict
 from typing import Any, Iterable
@@ -26,6 +25,7 @@ import attrs
 from packaging.requirements import InvalidRequirement, Requirement
 
 from grpo_sdk.core.errors import PluginError
+from grpo_sdk.core.imports import import_target
 from grpo_sdk.plugins.host import HookPluginInfo, PluginHost, describe_exception, strict_plugins
 from grpo_sdk.plugins.specs import KINDS, SUPPORTED_PLUGIN_APIS, ComponentInfo, ComponentSpec
 
@@ -37,15 +37,6 @@ KIND_LABELS = {
     "weight_sync": "weight-sync transport",
     "logger": "logger",
 }
-
-
-def import_target(target: str) -> Any:
-    """Import ``"package.module:Attr.sub"`` and return the attribute."""
-    module_name, _, attr = target.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _unmet(text: str) -> str | None:
@@ -116,8 +107,8 @@ class Registry:
             dists = sorted({c.dist or "?" for c in candidates})
             if len(dists) > 1:
                 problem = f"{KIND_LABELS[kind]} {name!r} is claimed by {' and '.join(dists)}"
-                candidates = [_evolve(c, status="conflict", problem=problem,
-                                      hint="uninstall one of them") for c in candidates[:1]]
+                candidates = [attrs.evolve(c, status="conflict", problem=problem,
+                                          hint="uninstall one of them") for c in candidates[:1]]
             infos.extend(candidates[:1])
         for info in infos:
             if info.status in ("broken", "conflict", "incompatible-api") and strict_plugins():
@@ -190,10 +181,6 @@ class Registry:
                               f"{spec.config}: {describe_exception(exc)}") from exc
 
 
-def _evolve(info: ComponentInfo, **changes: Any) -> ComponentInfo:
-    return attrs.evolve(info, **changes)
-
-
 def _inspect_entry_point(kind: str, ep: md.EntryPoint) -> ComponentInfo:
     dist = getattr(ep, "dist", None)
     base = ComponentInfo(kind=kind, name=ep.name, status="ok", entry_point=ep.value,
@@ -201,16 +188,16 @@ def _inspect_entry_point(kind: str, ep: md.EntryPoint) -> ComponentInfo:
     try:
         spec = ep.load()
     except Exception as exc:  # noqa: BLE001 - a broken plugin must not break discovery
-        return _evolve(base, status="broken", problem=describe_exception(exc),
-                       hint="run `grpoctl doctor`; reinstall or uninstall the plugin")
+        return attrs.evolve(base, status="broken", problem=describe_exception(exc),
+                           hint="run `grpoctl doctor`; reinstall or uninstall the plugin")
     if not isinstance(spec, ComponentSpec):
-        return _evolve(base, status="broken",
-                       problem=f"entry point {ep.value} is a {type(spec).__name__}, not a ComponentSpec")
+        return attrs.evolve(base, status="broken",
+                           problem=f"entry point {ep.value} is a {type(spec).__name__}, not a ComponentSpec")
     if spec.name != ep.name or spec.kind != kind:
-        return _evolve(base, spec=spec, status="broken",
-                       problem=f"entry point {ep.name!r} in group {KINDS[kind]} names a spec "
-                               f"for {spec.kind} {spec.name!r}")
-    return _check_spec(_evolve(base, spec=spec))
+        return attrs.evolve(base, spec=spec, status="broken",
+                           problem=f"entry point {ep.name!r} in group {KINDS[kind]} names a spec "
+                                   f"for {spec.kind} {spec.name!r}")
+    return _check_spec(attrs.evolve(base, spec=spec))
 
 
 def _check_spec(info: ComponentInfo) -> ComponentInfo:
@@ -219,21 +206,10 @@ def _check_spec(info: ComponentInfo) -> ComponentInfo:
     if spec.api not in SUPPORTED_PLUGIN_APIS:
         supported = ", ".join(map(str, sorted(SUPPORTED_PLUGIN_APIS)))
         who = " ".join(filter(None, (info.dist, info.version))) or spec.name
-        return _evolve(info, status="incompatible-api",
-                       problem=f"{who} targets plugin API {spec.api}; this grpo-sdk supports {supported}",
-                       hint="upgrade grpo-sdk, or pin the plugin to a release for this API")
+        return attrs.evolve(info, status="incompatible-api",
+                           problem=f"{who} targets plugin API {spec.api}; this grpo-sdk supports {supported}",
+                           hint="upgrade grpo-sdk, or pin the plugin to a release for this API")
     missing = check_requirements(spec)
     if missing:
-        return _evolve(info, status="missing-requirements", problem=missing, hint=install_hint(spec))
+        return attrs.evolve(info, status="missing-requirements", problem=missing, hint=install_hint(spec))
     return info
-
-
-_DEFAULT: Registry | None = None
-
-
-def default_registry() -> Registry:
-    """The process-wide registry, discovered on first use."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = Registry.discover()
-    return _DEFAULT

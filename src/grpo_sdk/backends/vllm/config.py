@@ -6,11 +6,14 @@ from typing import Literal
 
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.core.config import RemovedOption, option
 
 
 @attrs.frozen(kw_only=True)
 class VLLMConfig:
+    __removed__ = {"async_engine": RemovedOption(inert=(False,), why="the synchronous training loop drives vLLM's "
+                                                 "synchronous engine; asynchronous rollouts are not implemented")}
+
     tensor_parallel_size: int = option(1, "GPUs one engine shards the model over (tensor parallelism).",
                                        validator=attrs.validators.gt(0))
     pipeline_parallel_size: int = option(1, "Pipeline stages of one engine.", validator=attrs.validators.gt(0))
@@ -25,8 +28,6 @@ class VLLMConfig:
     precision: Literal["auto", "float32", "bfloat16", "float16"] | None = option(
         None, "Engine dtype; null uses policy.precision. Generation logprobs are compared with the policy's, so "
         "a lower precision than the policy's shows up in token_mult_prob_error.")
-    async_engine: bool = option(False, "Run the asynchronous engine (async rollouts); the synchronous training "
-                                "loop needs the synchronous engine, so this must stay false for now.")
     enable_sleep_mode: bool = option(False, "Colocated on a GPU: release the engine's memory (weights and KV "
                                      "cache) after each generation round and take it back before the next.")
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of shared prompt prefixes (the G samples of "
