@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from grpo_sdk.algorithms.rewards import (
-    baseline_reward_metrics,
     clip_advantages,
     mask_by_seq_logprob_error,
     scale_rewards,
@@ -81,11 +80,6 @@ def test_trivial_groups_use_exact_equality():
     assert trivial_groups(rewards, groups).tolist() == [False] * 4 + [True] * 4 + [False] * 4
     # group ids need not be contiguous or sorted
     assert trivial_groups(t([2, 3, 2, 2]), torch.tensor([7, 9, 7, 9])).tolist() == [True, False, True, False]
-
-
-def test_baseline_reward_percentages():
-    assert baseline_reward_metrics(t([0, 0, 1, 0.5])) == {
-        "baseline_reward/pct_0": 50.0, "baseline_reward/pct_1": 25.0, "baseline_reward/pct_mixed": 25.0}
 
 
 def aligned(rows):

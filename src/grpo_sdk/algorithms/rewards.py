@@ -58,15 +58,6 @@ def trivial_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tens
     return (high == low)[group]
 
 
-def baseline_reward_metrics(baseline: torch.Tensor) -> dict[str, float]:
-    """Share of rows whose baseline is exactly 0, exactly 1, or neither (the seed's pct_* metrics)."""
-    if baseline.numel() == 0:
-        return {}
-    zero, one = (baseline == 0).float().mean(), (baseline == 1).float().mean()
-    return {"baseline_reward/pct_0": float(zero) * 100, "baseline_reward/pct_1": float(one) * 100,
-            "baseline_reward/pct_mixed": float(1 - zero - one) * 100}
-
-
 def seq_logprob_errors(prev_logprobs: torch.Tensor, generation_logprobs: torch.Tensor, token_mask: torch.Tensor,
                        sample_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence multiplicative probability error ``mean_t exp(|gen - prev|)`` and its validity.

@@ -23,14 +23,13 @@ from typing import Any
 
 import torch
 
-from grpo_sdk.algorithms.statistics import GroupLayout, shifted_moments
-from grpo_sdk.core.context import RunContext
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
+from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins.tensors import GroupLayout, shifted_moments
 
 
 def group_statistics(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask: torch.Tensor | None = None,
-                     *, leave_one_out: bool = True, std_rewards: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     *, leave_one_out: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row float64 ``(advantage, baseline, std)``: ``advantage = r - baseline``, unnormalised.
 
     The advantage is computed in the shifted frame of ``grpo_sdk.algorithms.statistics``
@@ -46,8 +45,6 @@ def group_statistics(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask:
     ref, offset, sum_sq, count = shifted_moments(grid, peers)
     baseline = ref + offset
     advantage = (r - ref) - offset
-    if std_rewards is not None:  # DAPO: the spread of another signal over the same peers
-        sum_sq = shifted_moments(layout.grid(std_rewards.double())[layout.group], peers)[2]
     std = torch.where(count > 1, (sum_sq / (count - 1).clamp(min=1)).sqrt(), torch.zeros_like(sum_sq))
 
     n_valid = layout.grid(valid).sum(-1)[layout.group]
@@ -67,16 +64,11 @@ def group_statistics(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask:
 
 
 def baseline_and_std_per_group(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask: torch.Tensor | None = None,
-                               *, leave_one_out: bool = True, std_rewards: torch.Tensor | None = None
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row ``(baseline, std)`` of each row's group, both ``[B]`` in the rewards' dtype.
-
-    ``std_rewards`` (DAPO) takes the std over another signal than the baseline's rewards.
-    """
+                               *, leave_one_out: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ``(baseline, std)`` of each row's group, both ``[B]`` in the rewards' dtype."""
     if rewards.numel() == 0:
         return rewards.clone(), rewards.clone()
-    _, baseline, std = group_statistics(rewards, group_ids, valid_mask, leave_one_out=leave_one_out,
-                                        std_rewards=std_rewards)
+    _, baseline, std = group_statistics(rewards, group_ids, valid_mask, leave_one_out=leave_one_out)
     return baseline.to(rewards.dtype), std.to(rewards.dtype)
 
 
