@@ -95,3 +95,26 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     path = SRC / "core" / "config_loader.py"
     assert any(target.startswith("grpo_sdk.core") for _, target in imports_of(path))
     assert imports_of(SRC / "cli" / "run_cmd.py"), "run_cmd imports grpo_sdk modules, lazily too"
+
+
+BUILT_IN_PLUGIN_PACKAGES = ("backends", "estimators", "environments", "weight_sync", "loggers")
+PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors")  # documented in docs/plugins.md and docs/compatibility.md
+
+
+def test_built_in_components_import_only_the_public_plugin_api():
+    """The built-ins register exactly as a third-party package would, imports included: each
+    imports nothing of grpo-sdk but ``grpo_sdk.plugins`` (and its documented submodules) and
+    its own package."""
+    outside = []
+    for package in BUILT_IN_PLUGIN_PACKAGES:
+        for path in sorted((SRC / package).rglob("*.py")):
+            for line, target in imports_of(path):
+                parts = target.split(".")
+                if len(parts) < 2 or parts[1] not in ("plugins", package):
+                    outside.append(f"{path.relative_to(SRC)}:{line} -> {target}")
+                elif parts[1] == "plugins" and parts[2:] and parts[2] not in PUBLIC_PLUGIN_SUBMODULES:
+                    outside.append(f"{path.relative_to(SRC)}:{line} -> {target} (a private plugins module)")
+    assert not outside, ("built-in components must import only grpo_sdk.plugins (and "
+                         f"{', '.join('grpo_sdk.plugins.' + m for m in PUBLIC_PLUGIN_SUBMODULES)}); they import:\n"
+                         + "\n".join(outside))
+

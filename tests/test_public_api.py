@@ -61,6 +61,8 @@ PUBLIC_NAMES = [
     "SyncStats",
     "TrainBatch",
     "WeightSync",
+    "Worker",
+    "WorkerGroup",
     "hookimpl",
     "hookspec",
     "option",
@@ -91,6 +93,13 @@ PROTOCOLS = {
         "train": "(self, batch, loss_fn)",
     },
     "WeightSync": {"sync_weights": "(self, policy, generation, *, version)"},
+    # The worker-group API weight-sync transports use (Ray runtime).
+    "Worker": {"store_address": "(self)"},
+    "WorkerGroup": {
+        "run": "(self, fn, *args, ranks=, timeout=, name=, **kwargs)",
+        "submit": "(self, fn, *args, ranks=, name=, **kwargs)",
+        "wait": "(self, calls, *, timeout=, on_app_error=, deadline_key=)",
+    },
 }
 
 # Each record's fields in order; "=" marks a field with a default (optional to construct).

@@ -192,3 +192,80 @@ class Logger(Protocol):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+# === The worker-group API weight-sync transports use (Ray runtime) =================================
+#
+# A transport that moves weights between processes (``collective``, ``cuda_ipc``) runs its own code
+# next to the components: ``group.submit(fn, *args)`` starts ``fn(worker, *args)`` in every worker of
+# a group, ``group.wait(calls)`` gathers them under one deadline. The Ray runtime's ``PolicyGroup`` and
+# ``GenerationGroup`` implement ``WorkerGroup``; what ``fn`` receives implements ``Worker``. In one
+# process the policy and generation are the components themselves, which have no ``submit``: a
+# transport checks ``isinstance(policy, WorkerGroup)`` and says which runtime it needs.
+
+
+@runtime_checkable
+class Worker(Protocol):
+    """What a worker operation ``fn(worker, *args)`` receives, in the worker's own process.
+
+    ``component`` is the policy or generation backend built there; ``rank`` / ``world_size`` its
+    place in the group (policy ranks share a torch.distributed group; generation replicas are
+    independent, ``world_size`` 1); ``device`` is ``"cpu"`` or ``"cuda"``; ``state`` is a dict the
+    transport may keep things in between calls (a process group, a plan), under its own key.
+
+    Example (a worker operation: a module-level function, so Ray pickles it by reference)::
+
+        def weight_count_op(worker: Worker) -> int:
+            return sum(1 for _ in worker.component.named_weights())
+    """
+
+    component: Any
+    rank: int
+    world_size: int
+    device: str
+    state: dict[str, Any]
+
+    def store_address(self) -> tuple[str, int]:
+        """``(host, port)`` of a TCPStore this worker will serve: a socket listening on its node's
+        address only, kept open until ``grpo_sdk.plugins.toolkit.tcp_store(worker, host, port,
+        is_master=True, ...)`` takes it. Returns at once."""
+        ...
+
+
+@runtime_checkable
+class WorkerGroup(Protocol):
+    """The workers of one component (the policy's ranks, or the generation replicas).
+
+    ``workers`` holds one handle per rank or replica, in order (``len(group.workers)``); a handle's
+    ``label`` names it in messages (``"generation worker 1 (pid 4242)"``). ``submit`` returns at
+    once; ``wait`` blocks until every call has ended and returns their results in order, or raises:
+    a missed deadline (``timeout``, named in the error by ``deadline_key``) stops the stuck workers;
+    ``on_app_error="wait"`` lets the other calls finish when one raises (a transport whose calls
+    take part in one broadcast), ``"kill"`` stops them. ``wait`` may gather calls of several groups.
+
+    Example (the driver side of a broadcast: both sides in flight together, one deadline)::
+
+        calls = (policy.submit(send_op, group_id, name="send")
+                 + generation.submit(receive_op, group_id, version, name="receive"))
+        results = policy.wait(calls, timeout=600.0, on_app_error="wait")
+        num_tensors, num_bytes = results[0]          # policy rank 0's answer
+    """
+
+    workers: Sequence[Any]
+
+    def submit(self, fn: Any, *args: Any, ranks: Sequence[int] | None = None, name: str | None = None,
+               **kwargs: Any) -> list[Any]:
+        """Start ``fn(worker, *args, **kwargs)`` on the workers ``ranks`` (default all); the calls."""
+        ...
+
+    def run(self, fn: Any, *args: Any, ranks: Sequence[int] | None = None, timeout: float | None = None,
+            name: str | None = None, **kwargs: Any) -> list[Any]:
+        """``wait(submit(...))``: the results, in order."""
+        ...
+
+    def wait(self, calls: Sequence[Any], *, timeout: float | None = None, on_app_error: str | None = None,
+             deadline_key: str | None = None) -> list[Any]:
+        """Gather ``calls`` within ``timeout`` seconds (default ``cluster.call_timeout_s``)."""
+        ...
+
+# === end of the worker-group API ======================================================================

@@ -26,7 +26,7 @@ import re
 import threading
 from typing import Any, Sequence
 
-from grpo_sdk.core.records import EnvironmentReturn, MessageLog
+from grpo_sdk.plugins import EnvironmentReturn, MessageLog
 from grpo_sdk.environments.specs import MathEnvConfig
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)")
@@ -144,7 +144,7 @@ class MathEnvironment:
         try:
             import math_verify  # noqa: F401 - fail at construction, not at the first step
         except ImportError:
-            from grpo_sdk.core.errors import PluginError
+            from grpo_sdk.plugins import PluginError
 
             raise PluginError("environment 'math' needs math-verify: pip install 'grpo-sdk[math]'") from None
         self._pool: Any = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from grpo_sdk.core.records import EnvironmentReturn, MessageLog
+from grpo_sdk.plugins import EnvironmentReturn, MessageLog
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import attrs
 
-from grpo_sdk.core.config import MAX_THREADS, option
+from grpo_sdk.plugins import option
+from grpo_sdk.plugins.toolkit import MAX_THREADS
 from grpo_sdk.plugins import ComponentSpec
 
 

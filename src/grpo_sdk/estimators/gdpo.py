@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.algorithms.statistics import whiten
 from grpo_sdk.estimators.grpo import grpo_advantages64
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig
+from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins.tensors import whiten
 
 
 class GDPOEstimator:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.plugins import RunContext
 
 PREFIX = "on_policy_distillation/"
 

@@ -33,12 +33,11 @@ from typing import Any
 
 import torch
 
-from grpo_sdk.algorithms.loss import calculate_kl
-from grpo_sdk.algorithms.statistics import whiten
-from grpo_sdk.core.config import LossConfig
-from grpo_sdk.core.context import RunContext
 from grpo_sdk.estimators.grpo import grpo_advantages
 from grpo_sdk.estimators.specs import ReinforcePlusPlusConfig
+from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins.tensors import calculate_kl, whiten
+from grpo_sdk.plugins.toolkit import LossConfig
 
 
 class ReinforcePlusPlusEstimator:

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from grpo_sdk.core.context import RunContext
 from grpo_sdk.estimators.grpo import grpo_advantages
+from grpo_sdk.plugins import RunContext
 
 
 class RLOOEstimator:

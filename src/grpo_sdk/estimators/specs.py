@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.plugins import option
 from grpo_sdk.plugins import ComponentSpec
 
 

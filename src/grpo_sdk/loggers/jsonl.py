@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from grpo_sdk.trainer.run_dir import write_text_atomic
+from grpo_sdk.plugins.toolkit import write_text_atomic
 
 
 def _jsonable(value: float) -> Any:

@@ -18,8 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
-from grpo_sdk.core.config import option
-from grpo_sdk.plugins import ComponentSpec
+from grpo_sdk.plugins import ComponentSpec, option
 
 JSONL = ComponentSpec(
     name="jsonl",
@@ -104,7 +103,7 @@ def flat_config(config: Any) -> dict[str, Any]:
     W&B and MLflow both record it: dotted keys keep every value a scalar or a short list, which
     MLflow params need and which W&B shows as one sortable column per key.
     """
-    from grpo_sdk.core.config_loader import dump_config  # not at import time: keeps this module light
+    from grpo_sdk.plugins.toolkit import dump_config
 
     out: dict[str, Any] = {}
 

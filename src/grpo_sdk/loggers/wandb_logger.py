@@ -30,7 +30,7 @@ from typing import Any
 
 import wandb
 
-from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.plugins import GrpoSdkError
 from grpo_sdk.loggers.specs import WandbConfig, flat_config
 
 

@@ -4,6 +4,12 @@ Everything a backend, estimator, environment, weight-sync transport, logger or h
 needs is re-exported here; anything not listed in ``__all__`` is private and may change.
 Importing this module does not import torch.
 
+Two documented submodules are public too: ``grpo_sdk.plugins.toolkit`` (helpers that do not
+import torch: tokenizer loading and model-source checks, micro-batch metric sums, atomic writes,
+the device picker, the node address, config validators) and ``grpo_sdk.plugins.tensors`` (helpers
+that import torch: the temperature/top-k/top-p logits transform with logprobs, group statistics,
+weights files). The built-in components import nothing else of grpo-sdk.
+
 A minimal third-party estimator package::
 
     # acme_estimators/spec.py  (light: imported by `grpoctl plugins list`)
@@ -45,6 +51,8 @@ from grpo_sdk.core.protocols import (
     LossFunction,
     Policy,
     WeightSync,
+    Worker,
+    WorkerGroup,
 )
 from grpo_sdk.core.records import (
     EnvironmentReturn,
@@ -101,6 +109,8 @@ __all__ = [
     "SyncStats",
     "TrainBatch",
     "WeightSync",
+    "Worker",
+    "WorkerGroup",
     "hookimpl",
     "hookspec",
     "option",

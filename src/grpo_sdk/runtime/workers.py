@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 import attrs
 
+from grpo_sdk.core.machine import LISTENING, free_port, node_ip, tcp_store
+
 OPTIONAL_METHODS = ("save_checkpoint", "load_checkpoint", "sample_prompts", "shutdown", "offload", "onload",
                     "save_weights", "load_weights")
 
@@ -47,40 +49,6 @@ class WorkerSpec:
     master_port: int | None = None
     hook_modules: tuple[str, ...] = ()  # hook plugins the driver loaded by module name (grpoctl run -p)
     sys_path: tuple[str, ...] = ()  # directories the driver prepended to sys.path for them
-
-
-def node_ip() -> str:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray (unit tests)
-        return "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-LISTENING = "grpo_sdk.runtime.listening"  # worker.state key: port -> a listening socket kept for a TCPStore
-
-
-def tcp_store(worker: Any, host: str, port: int, *, is_master: bool, timeout: datetime.timedelta,
-              world_size: int | None = None) -> Any:
-    """A ``torch.distributed.TCPStore`` at ``host:port``; the master serves it on the socket its
-    ``store_address`` opened, on the node's address only. Left to itself a TCPStore listens on every
-    interface, and anyone who reaches it can read and write its keys."""
-    import torch.distributed as dist
-
-    sock = worker.state.get(LISTENING, {}).pop(port, None) if is_master else None
-    if is_master and sock is None:
-        raise RuntimeError(f"no listening socket for port {port} in this worker (pid {os.getpid()}): the master of a "
-                           "store must be the worker whose store_address gave its address")
-    fd = sock.detach() if sock is not None else None  # the store owns it from here
-    return dist.TCPStore(host, port, world_size, is_master, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=fd)
 
 
 def worker_registry(hook_modules: tuple[str, ...] = (), sys_path: tuple[str, ...] = ()) -> Any:
@@ -232,7 +200,7 @@ def save_weights_op(worker: ComponentWorker, path: str) -> tuple[int, int] | Non
     component = worker.component
     if callable(getattr(component, "save_weights", None)):
         return component.save_weights(path)
-    from grpo_sdk.weight_sync.disk import write_weights
+    from grpo_sdk.core.weights import write_weights
 
     if worker.rank == 0:
         return write_weights(component.named_weights(), Path(path))
@@ -258,7 +226,7 @@ def load_weights_op(worker: ComponentWorker, path: str, version: int) -> None:
     if callable(getattr(component, "load_weights", None)):
         component.load_weights(path, version=version)
         return
-    from grpo_sdk.weight_sync.disk import read_weights
+    from grpo_sdk.core.weights import read_weights
 
     component.update_weights(read_weights(Path(path)), version=version)
 

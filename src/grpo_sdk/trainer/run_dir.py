@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError
+from grpo_sdk.core.files import fsync_dir, write_text_atomic  # noqa: F401 - re-exported: the trainer's atomic writes
 
 LOCK_FILE = ".lock"
 
@@ -89,25 +90,6 @@ def _holder_pid(fd: int) -> str:
             return text
         time.sleep(0.02)
     return "unknown"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``path`` holds either its old content or all of ``text``, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def replace_dir(staging: Path, final: Path) -> None:

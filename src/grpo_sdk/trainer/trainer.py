@@ -51,6 +51,7 @@ from grpo_sdk.core.config_checks import parse_duration
 from grpo_sdk.core.config_loader import to_yaml
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
+from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import RunStatus, SamplingParams
 from grpo_sdk.runtime import make_runtime
@@ -569,14 +570,6 @@ class GRPOTrainer:
             for lock in self.locks:
                 lock.release()
             self.locks = []
-
-
-def pick_device(requested: str) -> str:
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise GrpoSdkError("cluster.device=cuda but torch sees no CUDA device")
-    return requested
 
 
 def reached(grpo: Any, validation: dict[str, float]) -> bool:

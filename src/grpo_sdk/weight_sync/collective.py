@@ -39,12 +39,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import attrs
 
-from grpo_sdk.core.records import SyncStats
+from grpo_sdk.plugins import SyncStats
+from grpo_sdk.plugins.toolkit import node_ip, store_address_op, tcp_store
+from grpo_sdk.weight_sync.driver import SyncDeadline, require_worker_groups, send_and_receive
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
 STATE_KEY = "grpo_sdk.weight_sync.collective"
 ALIGN = 64  # bytes; a bucket offset that is a multiple of it views as any dtype (and suits vectorised copies)
-GROUP_TIMEOUT_MARGIN_S = 60.0  # the group's timeout exceeds the driver's deadline: the driver names the culprit
 
 
 # --- the plan: pure, unit-tested without a cluster ----------------------------------------------------
@@ -171,12 +172,8 @@ def join_op(worker: Any, group_id: str, host: str, port: int, rank: int, size: i
     import torch
     import torch.distributed as dist
 
-    from grpo_sdk.runtime.workers import node_ip
-
     worker.state.pop(STATE_KEY, None)  # another transport instance's group: dropped
     timeout = datetime.timedelta(seconds=timeout_s)
-    from grpo_sdk.runtime.workers import tcp_store
-
     store = tcp_store(worker, host, port, is_master=rank == 0, world_size=size, timeout=timeout)  # node address only
     prefixed = dist.PrefixStore(f"grpo_sdk/weight_sync/{group_id}", store)
     if backend == "nccl":
@@ -314,50 +311,35 @@ class CollectiveWeightSync:
         gpus = cluster.gpus_per_node > 0 and cluster.device != "cpu"
         self.backend = choose_backend(config.backend, gpus=gpus,
                                       colocated=context.config.policy.generation.colocated.enabled)
-        self.timeout = float(config.timeout_s or cluster.call_timeout_s)
-        self.deadline_key = "weight_sync.collective.timeout_s" if config.timeout_s else "cluster.call_timeout_s"
-        self.group_timeout = max(self.timeout, float(cluster.call_timeout_s)) + GROUP_TIMEOUT_MARGIN_S
+        self.deadline = SyncDeadline.of("collective", config.timeout_s, cluster.call_timeout_s)
         self.group_id: str | None = None
         self.plan: list[Bucket] = []
         self.setup_seconds = 0.0  # the first sync's extra work: the plan and the group
 
     def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
         start = time.perf_counter()
-        if not all(callable(getattr(obj, attr, None)) for obj, attr in
-                   ((policy, "submit"), (generation, "submit"), (policy, "wait"))):
-            raise TypeError("weight_sync.backend=collective broadcasts between Ray workers and needs the Ray runtime's "
-                            f"worker groups (cluster.runtime=ray); got {type(policy).__name__} and "
-                            f"{type(generation).__name__}. In one process use weight_sync.backend=inprocess")
+        require_worker_groups("weight_sync.backend=collective broadcasts between Ray workers", policy, generation,
+                              ". In one process use weight_sync.backend=inprocess")
         if self.group_id is None:
             self._form_group(policy, generation)
-        calls = (policy.submit(send_op, self.group_id, name="collective_send")
-                 + generation.submit(receive_op, self.group_id, version, name="collective_receive"))
-        results = self._wait(policy, calls)
-        num_tensors, num_bytes = results[0]
-        return SyncStats(version=version, num_tensors=num_tensors, num_bytes=num_bytes,
-                         seconds=time.perf_counter() - start)
-
-    def _wait(self, policy: Any, calls: list[Any]) -> list[Any]:
-        # "wait": each side finishes its part of the broadcast before it raises, so a dead peer is
-        # reported as the WorkerError naming it, not as its peers' connection errors.
-        return policy.wait(calls, timeout=self.timeout, on_app_error="wait", deadline_key=self.deadline_key)
+        return send_and_receive(policy, generation, self.deadline, name="collective", version=version, start=start,
+                                send=(send_op, self.group_id), receive=(receive_op, self.group_id, version))
 
     def _form_group(self, policy: Any, generation: Any) -> None:
         """The plan from rank 0's ``named_weights``, then every participant joins the broadcast group."""
         start = time.perf_counter()
-        from grpo_sdk.runtime.workers import store_address_op
-
-        specs = self._wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
+        wait, timeout = self.deadline.wait, self.deadline.group_timeout
+        specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
         plan = plan_buckets(specs, int(self.config.bucket_mb * (1 << 20)))
-        host, port = self._wait(policy, policy.submit(store_address_op, ranks=[0], name="collective_address"))[0]
+        host, port = wait(policy, policy.submit(store_address_op, ranks=[0], name="collective_address"))[0]
         group_id = uuid.uuid4().hex[:12]
         size = 1 + len(generation.workers)
         args = (group_id, host, port)
-        calls = (policy.submit(join_op, *args, 0, size, self.backend, self.group_timeout, plan, ranks=[0],
+        calls = (policy.submit(join_op, *args, 0, size, self.backend, timeout, plan, ranks=[0],
                                name="collective_join")
                  + [call for i in range(len(generation.workers))
-                    for call in generation.submit(join_op, *args, i + 1, size, self.backend, self.group_timeout,
+                    for call in generation.submit(join_op, *args, i + 1, size, self.backend, timeout,
                                                   plan, ranks=[i], name="collective_join")])
-        self._wait(policy, calls)
+        wait(policy, calls)
         self.plan, self.group_id = plan, group_id
         self.setup_seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ the sender's memory, no copy), hands views of it to its backend's ``update_weigh
 acknowledges. The sender keeps a buffer alive until its acknowledgement, and holds at most two.
 
 The handles and acknowledgements travel through a ``TCPStore`` that policy rank 0 hosts on its
-node's address only (``workers.tcp_store``; keys ``<group>/<sync>/<pair>/bucket/<k>`` and
+node's address only (``grpo_sdk.plugins.toolkit.tcp_store``; keys ``<group>/<sync>/<pair>/bucket/<k>`` and
 ``.../done/<k>``); every blocking store call has the
 store's timeout, 60 s beyond the sync's deadline, so the driver's deadline, which names the stuck
 worker, fires first. At the first sync every participant reports its node and GPU UUID, and the
@@ -45,12 +45,13 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator
 
-from grpo_sdk.core.records import SyncStats
+from grpo_sdk.plugins import GrpoSdkError, SyncStats
+from grpo_sdk.plugins.toolkit import node_ip, store_address_op, tcp_store
 from grpo_sdk.weight_sync.collective import Entry, align_up, pack_into, starts_new_bucket
+from grpo_sdk.weight_sync.driver import SyncDeadline, require_worker_groups, send_and_receive
 from grpo_sdk.weight_sync.specs import CudaIPCWeightSyncConfig
 
 STATE_KEY = "grpo_sdk.weight_sync.cuda_ipc"
-GROUP_TIMEOUT_MARGIN_S = 60.0
 END = b"end"
 FORMAT = "grpo_sdk.cuda_ipc/1"
 MAX_HANDLE_BYTES = 4096  # a CUDA IPC memory or event handle is 64 bytes, a ref-counter name far less than this
@@ -343,8 +344,6 @@ def join_op(worker: Any, group_id: str, host: str, port: int, is_master: bool, t
     replica index); (node, GPU UUID) for the placement check."""
     import torch
 
-    from grpo_sdk.runtime.workers import node_ip, tcp_store
-
     if worker.device != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(f"weight_sync.backend=cuda_ipc needs every worker on CUDA; this one (pid {os.getpid()}) "
                            f"runs on {worker.device}")
@@ -401,20 +400,14 @@ class CudaIPCWeightSync:
 
     def __init__(self, config: CudaIPCWeightSyncConfig | None, context: Any):
         self.config = config = config or CudaIPCWeightSyncConfig()
-        cluster = context.config.cluster
         self.bucket_bytes = int(config.bucket_mb * (1 << 20))
-        self.timeout = float(config.timeout_s or cluster.call_timeout_s)
-        self.deadline_key = "weight_sync.cuda_ipc.timeout_s" if config.timeout_s else "cluster.call_timeout_s"
-        self.store_timeout = max(self.timeout, float(cluster.call_timeout_s)) + GROUP_TIMEOUT_MARGIN_S
+        self.deadline = SyncDeadline.of("cuda_ipc", config.timeout_s, context.config.cluster.call_timeout_s)
         self.group_id: str | None = None
         self.syncs = 0
 
     def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
         start = time.perf_counter()
-        if not all(callable(getattr(obj, "submit", None)) for obj in (policy, generation)):
-            raise TypeError("weight_sync.backend=cuda_ipc shares GPU memory between Ray workers and needs the Ray "
-                            f"runtime's worker groups (cluster.runtime=ray); got {type(policy).__name__} and "
-                            f"{type(generation).__name__}")
+        require_worker_groups("weight_sync.backend=cuda_ipc shares GPU memory between Ray workers", policy, generation)
         replicas = len(generation.workers)
         if replicas > len(policy.workers):
             raise ValueError(f"cuda_ipc: {replicas} generation replicas but {len(policy.workers)} policy ranks; every "
@@ -422,30 +415,19 @@ class CudaIPCWeightSync:
         if self.group_id is None:
             self._connect(policy, generation)
         self.syncs += 1
-        calls = (policy.submit(send_op, self.group_id, self.syncs, replicas, self.bucket_bytes, name="cuda_ipc_send")
-                 + generation.submit(receive_op, self.group_id, self.syncs, version, name="cuda_ipc_receive"))
-        results = self._wait(policy, calls)
-        num_tensors, num_bytes = results[0]
-        return SyncStats(version=version, num_tensors=num_tensors, num_bytes=num_bytes,
-                         seconds=time.perf_counter() - start)
-
-    def _wait(self, policy: Any, calls: list[Any]) -> list[Any]:
-        # "wait": each side finishes its part before it raises (a sender gets every acknowledgement), so
-        # a dead peer is reported as the WorkerError naming it, not as its peers' errors.
-        return policy.wait(calls, timeout=self.timeout, on_app_error="wait", deadline_key=self.deadline_key)
+        return send_and_receive(policy, generation, self.deadline, name="cuda_ipc", version=version, start=start,
+                                send=(send_op, self.group_id, self.syncs, replicas, self.bucket_bytes),
+                                receive=(receive_op, self.group_id, self.syncs, version))
 
     def _connect(self, policy: Any, generation: Any) -> None:
-        from grpo_sdk.core.errors import GrpoSdkError
-        from grpo_sdk.runtime.workers import store_address_op
-
-        host, port = self._wait(policy, policy.submit(store_address_op, ranks=[0], name="cuda_ipc_address"))[0]
+        host, port = self.deadline.wait(policy, policy.submit(store_address_op, ranks=[0], name="cuda_ipc_address"))[0]
         group_id = uuid.uuid4().hex[:12]
         ranks = len(policy.workers)
         calls = [call for group, count in ((policy, ranks), (generation, len(generation.workers)))
                  for i in range(count)
-                 for call in group.submit(join_op, group_id, host, port, group is policy and i == 0, self.store_timeout,
-                                          i, ranks=[i], name="cuda_ipc_join")]
-        places = self._wait(policy, calls)
+                 for call in group.submit(join_op, group_id, host, port, group is policy and i == 0,
+                                          self.deadline.group_timeout, i, ranks=[i], name="cuda_ipc_join")]
+        places = self.deadline.wait(policy, calls)
         senders, receivers = places[:ranks], places[ranks:]
         for i, (sender, receiver) in enumerate(zip(senders, receivers)):
             if sender != receiver or sender[1] is None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_sdk.core.protocols import Generation, Policy
-from grpo_sdk.core.records import SyncStats
+from grpo_sdk.plugins import Generation, Policy, SyncStats
 
 
 class InProcessWeightSync:

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 import attrs
 
-from grpo_sdk.core.config import non_negative, option, positive
+from grpo_sdk.plugins import option
+from grpo_sdk.plugins.toolkit import non_negative, positive
 from grpo_sdk.plugins import ComponentSpec
 
 INPROCESS = ComponentSpec(

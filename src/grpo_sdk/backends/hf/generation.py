@@ -15,12 +15,11 @@ from typing import Iterable
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.algorithms.sampling import process_logits
 from grpo_sdk.backends.hf.config import HFGenerationConfig
 from grpo_sdk.backends.hf.loading import load_model, position_ids_for
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.models import load_tokenizer
-from grpo_sdk.core.records import GenerationInput, GenerationOutput, SamplingParams
+from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
+from grpo_sdk.plugins.tensors import process_logits
+from grpo_sdk.plugins.toolkit import load_tokenizer
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

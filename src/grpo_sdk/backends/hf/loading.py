@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_sdk.algorithms.sampling import process_logits, token_logprobs
-from grpo_sdk.core.errors import ModelLoadError
-from grpo_sdk.core.models import check_model_source
+from grpo_sdk.plugins import ModelLoadError
+from grpo_sdk.plugins.tensors import process_logits, token_logprobs
+from grpo_sdk.plugins.toolkit import check_model_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

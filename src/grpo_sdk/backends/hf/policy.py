@@ -26,11 +26,8 @@ from safetensors.torch import load_file, save_file
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.errors import NonFiniteError
-from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
-from grpo_sdk.core.protocols import LossFunction
-from grpo_sdk.core.records import TrainBatch
+from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, TrainBatch
+from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
 
 
 def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:

@@ -6,7 +6,8 @@ from typing import Literal
 
 import attrs
 
-from grpo_sdk.core.config import RemovedOption, option
+from grpo_sdk.plugins import option
+from grpo_sdk.plugins.toolkit import RemovedOption
 
 
 @attrs.frozen(kw_only=True)

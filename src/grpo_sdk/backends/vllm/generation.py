@@ -22,9 +22,8 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from grpo_sdk.backends.vllm.config import VLLMConfig
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.core.models import load_tokenizer
-from grpo_sdk.core.records import GenerationInput, GenerationOutput, SamplingParams
+from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
+from grpo_sdk.plugins.toolkit import load_tokenizer
 
 
 class VLLMGeneration:
@@ -98,7 +97,7 @@ class VLLMGeneration:
             # weights after loading, and only the reload path redoes that.
             worker.reload_weights(weights_iterator=((n, t.detach()) for n, t in weights))
         else:
-            from grpo_sdk.weight_sync.disk import write_weights
+            from grpo_sdk.plugins.tensors import write_weights
 
             with tempfile.TemporaryDirectory(prefix="grpo-vllm-weights-") as tmp:
                 write_weights(weights, Path(tmp) / "model.safetensors")

@@ -1,0 +1,42 @@
+"""Helpers for plugin authors that work on tensors: importing this module imports torch.
+
+Public, like ``grpo_sdk.plugins`` (docs/compatibility.md): the names in ``__all__``. Import it
+from a component's implementation module, never from its spec (a spec must stay light).
+
+* Sampling: ``process_logits(logits, temperature, top_k, top_p)`` (the one logits transform that
+  generation samples from and the policy scores with, so their logprobs agree and
+  ``token_mult_prob_error`` stays near 1) and ``token_logprobs(logits, tokens)``.
+* Advantages: ``GroupLayout`` (rows grouped by prompt), ``shifted_moments`` (numerically careful
+  weighted mean and variance), ``whiten``, ``masked_mean`` and ``calculate_kl`` (k1/k2/k3
+  estimators of the KL divergence, as the loss computes it).
+* Weights files: ``write_weights(pairs, path)`` (one safetensors file, atomically; tied tensors
+  copied) and ``read_weights(path)`` (the pairs back, one tensor in memory at a time), what the
+  ``disk`` transport moves.
+
+Example (a generation backend sampling one token and reporting its logprob)::
+
+    from grpo_sdk.plugins.tensors import process_logits
+
+    logprobs = torch.log_softmax(process_logits(logits, sampling.temperature, sampling.top_k,
+                                                sampling.top_p).float(), dim=-1)
+    token = torch.multinomial(logprobs.exp(), 1)
+"""
+
+from __future__ import annotations
+
+from grpo_sdk.algorithms.loss import calculate_kl, masked_mean
+from grpo_sdk.algorithms.sampling import process_logits, token_logprobs
+from grpo_sdk.algorithms.statistics import GroupLayout, shifted_moments, whiten
+from grpo_sdk.core.weights import read_weights, write_weights
+
+__all__ = [
+    "GroupLayout",
+    "calculate_kl",
+    "masked_mean",
+    "process_logits",
+    "read_weights",
+    "shifted_moments",
+    "token_logprobs",
+    "whiten",
+    "write_weights",
+]

@@ -1,0 +1,79 @@
+"""Helpers for plugin authors that do not import torch: what the built-in components use.
+
+Public, like ``grpo_sdk.plugins`` itself (docs/compatibility.md): the names in ``__all__``. The
+built-in backends, estimators, environments, transports and loggers import nothing of grpo-sdk
+but ``grpo_sdk.plugins`` and its submodules, so everything they need is here or in
+``grpo_sdk.plugins.tensors`` (the helpers that import torch). Importing this module imports
+neither torch nor transformers nor ray; the functions that need them import them when called.
+
+* Config blocks: ``positive`` / ``non_negative`` validators for ``option(...)``, the size
+  bounds ``MAX_TOKENS`` / ``MAX_THREADS``, ``RemovedOption`` (a key an earlier release had),
+  ``LossConfig`` (the ``loss_fn`` section, ``context.config.loss_fn``), ``MasterConfig`` (the
+  type of ``RunContext.config``) and ``dump_config`` (a config as plain YAML-ready data).
+* Models: ``check_model_source`` (a missing local path is an error naming the key, before
+  transformers guesses a hub id) and ``load_tokenizer`` (a Hugging Face tokenizer, pad token
+  defaulting to EOS; imports transformers when called). A component that only needs the EOS and
+  pad ids reads ``RunContext.eos_token_id`` / ``pad_token_id`` instead.
+* Metrics: ``sum_micro_batches`` / ``average_optimizer_steps``, how a policy backend combines
+  the loss's per-micro-batch metrics (sums; ``_min``/``_max`` keys take the extreme).
+* Files: ``write_text_atomic`` (old content or all of the new, never a part) and ``fsync_dir``.
+* The machine: ``pick_device`` (``cluster.device`` -> ``"cpu"``/``"cuda"``), ``node_ip`` (this
+  node's address), ``free_port``, and, for weight-sync transports running code in Ray workers
+  (``grpo_sdk.plugins.WorkerGroup``), ``tcp_store`` (a ``TCPStore`` served on the node's
+  address only, on the socket ``Worker.store_address`` opened) and ``store_address_op`` (that
+  call as a worker operation: ``group.submit(store_address_op, ranks=[0])``).
+
+Example (a policy backend combining its loss metrics)::
+
+    from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
+
+    steps = [sum_micro_batches([mb1, mb2]), sum_micro_batches([mb3, mb4])]
+    metrics = average_optimizer_steps(steps)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
+from grpo_sdk.core.files import fsync_dir, write_text_atomic
+from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
+from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
+from grpo_sdk.core.models import check_model_source, load_tokenizer
+
+
+def dump_config(config: Any) -> Any:
+    """A config (the run's ``MasterConfig`` or one block) as YAML-ready dicts and lists; selected
+    plugin blocks are written out in full, as ``config.resolved.yaml`` holds them."""
+    from grpo_sdk.core.config_loader import dump_config as dump
+
+    return dump(config)
+
+
+def store_address_op(worker: Any) -> tuple[str, int]:
+    """``worker.store_address()`` as an operation for ``WorkerGroup.submit``/``run`` (a module
+    function, so Ray pickles it by reference): the address of a TCPStore that worker will serve."""
+    return worker.store_address()
+
+
+__all__ = [
+    "LossConfig",
+    "MAX_THREADS",
+    "MAX_TOKENS",
+    "MasterConfig",
+    "RemovedOption",
+    "average_optimizer_steps",
+    "check_model_source",
+    "dump_config",
+    "free_port",
+    "fsync_dir",
+    "load_tokenizer",
+    "node_ip",
+    "non_negative",
+    "pick_device",
+    "positive",
+    "store_address_op",
+    "sum_micro_batches",
+    "tcp_store",
+    "write_text_atomic",
+]
