@@ -30,6 +30,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 PUBLIC_NAMES = [
     "AdvantageEstimator",
+    "Checkpointable",
     "ComponentInfo",
     "ComponentSpec",
     "ConfigError",
@@ -54,12 +55,18 @@ PUBLIC_NAMES = [
     "PLUGIN_API_VERSION",
     "PluginError",
     "Policy",
+    "PromptSampler",
+    "ReportsMetrics",
     "RunContext",
     "RunStatus",
     "SUPPORTED_PLUGIN_APIS",
     "SamplingParams",
+    "SupportsShutdown",
+    "SurvivorNormalizedLoss",
     "SyncStats",
     "TrainBatch",
+    "WeightFileLoader",
+    "WeightFileWriter",
     "WeightSync",
     "Worker",
     "WorkerGroup",
@@ -68,9 +75,11 @@ PUBLIC_NAMES = [
     "option",
 ]
 
-# Each protocol's methods, as (argument names): "*" starts keyword-only arguments.
+# Each protocol's methods, as (argument names): "*" starts keyword-only arguments. The optional
+# protocols (Checkpointable ... WeightFileWriter) are what the loop and runtimes check with isinstance.
 PROTOCOLS = {
     "AdvantageEstimator": {"compute_advantages": "(self, rewards, group_ids, mask, **extras)"},
+    "Checkpointable": {"load_checkpoint": "(self, path)", "save_checkpoint": "(self, path)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
     "Generation": {
         "finish_generation": "(self)",
@@ -92,6 +101,14 @@ PROTOCOLS = {
         "shutdown": "(self)",
         "train": "(self, batch, loss_fn)",
     },
+    "PromptSampler": {"sample_prompts": "(self, num_prompts, rng)"},
+    "ReportsMetrics": {},
+    "SupportsShutdown": {"shutdown": "(self)"},
+    "SurvivorNormalizedLoss": {
+        "survivor_normalization": "(self, micro_metrics, *, global_valid_seqs, global_valid_toks)",
+    },
+    "WeightFileLoader": {"load_weights": "(self, path, *, version)"},
+    "WeightFileWriter": {"save_weights": "(self, path)"},
     "WeightSync": {"sync_weights": "(self, policy, generation, *, version)"},
     # The worker-group API weight-sync transports use (Ray runtime).
     "Worker": {"store_address": "(self)"},
@@ -100,6 +117,14 @@ PROTOCOLS = {
         "submit": "(self, fn, *args, ranks=, name=, **kwargs)",
         "wait": "(self, calls, *, timeout=, on_app_error=, deadline_key=)",
     },
+}
+
+# Protocol members that are attributes (a plain attribute or a property satisfies them), not methods.
+PROTOCOL_ATTRIBUTES = {
+    "ReportsMetrics": {"last_metrics"},
+    "SurvivorNormalizedLoss": {"requires_survivor_normalization"},
+    "Worker": {"component", "rank", "world_size", "device", "state"},
+    "WorkerGroup": {"workers"},
 }
 
 # Each record's fields in order; "=" marks a field with a default (optional to construct).
@@ -217,6 +242,14 @@ def test_protocol_methods_are_pinned(name):
     assert methods == PROTOCOLS[name], (
         f"the methods of {name} changed: a new required method or argument breaks every plugin of that "
         "kind (make it optional, or bump the plugin API, docs/compatibility.md)")
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOLS))
+def test_protocol_attributes_are_pinned(name):
+    protocol = getattr(api, name)
+    attributes = set(vars(protocol).get("__annotations__", {}))
+    attributes |= {attr for attr, value in vars(protocol).items() if isinstance(value, property)}
+    assert attributes == PROTOCOL_ATTRIBUTES.get(name, set())
 
 
 def test_every_public_protocol_is_pinned():

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
+    import random
+
     from torch import Tensor
 
     from grpo_sdk.core.records import (
@@ -61,8 +63,9 @@ class Generation(Protocol):
 
     def shutdown(self) -> None: ...
 
-    # Optional: ``save_checkpoint(path)`` / ``load_checkpoint(path)`` for state beyond the weights
-    # (the sampling RNG), so that a resumed run samples exactly what the original would have.
+    # Optional: ``Checkpointable`` (state beyond the weights, such as the sampling RNG, so that a
+    # resumed run samples exactly what the original would have) and ``WeightFileLoader`` (load a
+    # weights file the ``disk`` transport wrote), both below.
 
 
 @runtime_checkable
@@ -119,9 +122,9 @@ class Environment(Protocol):
         ret.rewards        # {"correct_digits": [1.0]}
         ret.metrics        # {"exact_match": 1.0}
 
-    Environments that also make their own prompts (synthetic tasks) implement
-    ``sample_prompts(num_prompts, rng) -> list[tuple[str, dict]]``; the loop uses it when no
-    dataset is configured.
+    Environments that also make their own prompts (synthetic tasks) implement ``PromptSampler``
+    (below); the loop uses it when no dataset is configured. One that holds resources implements
+    ``SupportsShutdown``.
     """
 
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
@@ -175,9 +178,8 @@ class LossFunction(Protocol):
     the min/max: ``grpo_sdk.core.metrics``).
 
     Optional, for policy backends to honour: ``unfiltered_logprobs=`` (logprobs without
-    top-k/top-p, for the KL term), and ``requires_survivor_normalization`` /
-    ``survivor_normalization(...)`` (the in-loss logprob-error filter's gradient rescale, after
-    the last micro-batch of an optimizer step; see ``grpo_sdk.algorithms.loss``).
+    top-k/top-p, for the KL term), and ``SurvivorNormalizedLoss`` (below: the in-loss
+    logprob-error filter's gradient rescale, after the last micro-batch of an optimizer step).
     """
 
     def __call__(self, logprobs: Tensor, batch: TrainBatch, *, global_valid_seqs: Tensor,
@@ -192,6 +194,198 @@ class Logger(Protocol):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+# --- Optional behaviour: one small protocol per optional method ------------------------------------
+#
+# A component implements one of these or not; the loop and the runtimes ask with ``isinstance``
+# (never ``hasattr``), so the question and its answer are spelled out here once. On Ray the
+# driver-side proxies (``grpo_sdk.runtime.groups``) expose exactly the optional methods the remote
+# component has, so ``isinstance`` answers for a proxy as for the component it stands for.
+# Paths are ``str``, absolute. docs/plugins.md, "Optional protocols", lists which loop step calls
+# each one.
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """State beyond the weights that a checkpoint keeps, so that a resumed run does exactly what the
+    original would have (a generation backend's sampling RNG). The ``Policy`` protocol requires both
+    methods; for a generation backend they are optional.
+
+    ``save_checkpoint(path)`` gets an absolute directory that may not exist yet (create it); it
+    blocks until every file is written (the checkpoint is committed, atomically, right after it
+    returns). ``load_checkpoint(path)`` gets a directory an earlier ``save_checkpoint`` wrote (it is
+    called only when that directory exists) and blocks until the state is restored: the next call
+    (``generate``) must already see it. A backend with several processes (replicas, ranks) writes
+    and reads them all before returning.
+
+    Example (the built-in ``hf`` generation backend)::
+
+        class HFGeneration:
+            def save_checkpoint(self, path: str) -> None:
+                Path(path).mkdir(parents=True, exist_ok=True)
+                save_file({"generator": self.generator.get_state()}, f"{path}/rng.safetensors")
+
+            def load_checkpoint(self, path: str) -> None:
+                self.generator.set_state(load_file(f"{path}/rng.safetensors")["generator"])
+
+        isinstance(HFGeneration(config, context), Checkpointable)   # True
+    """
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+
+@runtime_checkable
+class PromptSampler(Protocol):
+    """An environment that makes its own prompts (a synthetic task): with no ``data.train_path``
+    the run draws training prompts from it, and validation prompts when ``data.validation_path`` is
+    unset. Declare the ``generates_prompts`` capability too, so config checks know it without
+    importing the class.
+
+    ``sample_prompts(num_prompts, rng)`` returns ``num_prompts`` pairs ``(prompt text, metadata)``;
+    the metadata reaches ``step`` with the sample. It must draw every random choice from ``rng``
+    (a ``random.Random`` the run seeds and checkpoints), so that resumed runs and Ray runs (where
+    it runs in the driver) see the same prompts. It blocks; keep it fast (it has the
+    ``cluster.call_timeout_s`` deadline of an environment call).
+
+    Example (the built-in ``reverse_digits`` task)::
+
+        class ReverseDigitsEnvironment:
+            def sample_prompts(self, num_prompts: int, rng: random.Random) -> list[tuple[str, dict]]:
+                digits = ["".join(rng.choice("0123456789") for _ in range(5)) for _ in range(num_prompts)]
+                return [(f"{d}>", {"target": d[::-1]}) for d in digits]
+
+        env.sample_prompts(2, random.Random(0))   # [("49…>", {"target": "…94"}), ...]
+    """
+
+    def sample_prompts(self, num_prompts: int, rng: random.Random) -> Sequence[tuple[str, dict[str, Any]]]: ...
+
+
+@runtime_checkable
+class ReportsMetrics(Protocol):
+    """An advantage estimator with metrics of its own: after each ``compute_advantages`` call the
+    loop reads ``last_metrics`` (scalar name -> value) and logs it with the step's metrics. Set it
+    in ``__init__`` (an empty dict) and replace it in every call; prefix the names with the
+    estimator's name so they cannot collide with the loop's.
+
+    Example (the built-in ``opd`` estimator)::
+
+        class OPDEstimator:
+            def __init__(self, config, context):
+                self.last_metrics: dict[str, float] = {}
+
+            def compute_advantages(self, rewards, group_ids, mask, **extras):
+                ...
+                self.last_metrics = {"on_policy_distillation/adv_mean": float(adv.mean())}
+                return adv
+    """
+
+    last_metrics: dict[str, float]
+
+
+@runtime_checkable
+class WeightFileWriter(Protocol):
+    """A policy that writes its own weights file, for the ``disk`` weight-sync transport (without it
+    the transport writes ``policy.named_weights()`` itself, in the driver).
+
+    ``save_weights(path)`` writes every ``named_weights`` pair to one safetensors file at ``path``
+    (absolute; its directory exists), atomically (a reader never sees half a file: write a
+    temporary name, then rename), and blocks until the file is complete. It returns
+    ``(number of tensors, number of bytes)`` for ``SyncStats``. On Ray the policy worker group has
+    it (rank 0 writes in its own process, the other ranks drain their ``named_weights``).
+
+    Example::
+
+        class MyPolicy:
+            def save_weights(self, path: str) -> tuple[int, int]:
+                tensors = {name: t.detach().cpu().contiguous() for name, t in self.named_weights()}
+                save_file(tensors, path + ".tmp")
+                os.replace(path + ".tmp", path)
+                return len(tensors), sum(t.numel() * t.element_size() for t in tensors.values())
+    """
+
+    def save_weights(self, path: str) -> tuple[int, int]: ...
+
+
+@runtime_checkable
+class WeightFileLoader(Protocol):
+    """A generation backend that loads a weights file itself, for the ``disk`` weight-sync
+    transport: the natural path for an inference server that reads the file where it runs (without
+    it the transport reads the file in the driver and calls ``update_weights``).
+
+    ``load_weights(path, version=)`` gets the absolute path of a complete safetensors file (the
+    names of the policy's ``named_weights``) and blocks until the new weights are in use: the next
+    ``generate`` samples under them and reports ``weight_version == version``. The transport may
+    delete the file as soon as the call returns. On Ray the generation worker group has it (each
+    replica reads the file in its own process).
+
+    Example (a client of an inference server)::
+
+        class ServerGeneration:
+            def load_weights(self, path: str, *, version: int) -> None:
+                self.session.post(f"{self.url}/load_weights", json={"path": path}).raise_for_status()
+                self.weight_version = version   # the server answered: the weights are loaded
+    """
+
+    def load_weights(self, path: str, *, version: int) -> None: ...
+
+
+@runtime_checkable
+class SurvivorNormalizedLoss(Protocol):
+    """A loss whose gradient a policy must rescale after the last micro-batch of each optimizer step
+    (the in-loss logprob-error filter of ``ClippedPGLoss``: which rows survive is known only after
+    every micro-batch's forward pass). A policy backend that implements ``train`` honours it:
+
+    Example (what the built-in ``hf`` policy does per optimizer step)::
+
+        if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
+            factor, (metrics,) = loss_fn.survivor_normalization(
+                [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
+            for param in params:
+                if param.grad is not None:
+                    param.grad.mul_(factor)          # before clipping and optimizer.step()
+
+    ``survivor_normalization(micro_metrics, *, global_valid_seqs, global_valid_toks)`` takes the
+    step's summed micro-batch metrics and the global counts the loss divided by, and returns the
+    gradient factor and the metrics rescaled to the survivors. Pure arithmetic, no I/O.
+    """
+
+    @property
+    def requires_survivor_normalization(self) -> bool: ...
+
+    def survivor_normalization(self, micro_metrics: list[dict[str, float]], *, global_valid_seqs: float,
+                               global_valid_toks: float) -> tuple[float, list[dict[str, float]]]: ...
+
+
+@runtime_checkable
+class SupportsShutdown(Protocol):
+    """A component that holds something to release when the run ends (a process pool, a server
+    connection, a sandbox). ``Generation`` and ``Policy`` require it; for an environment, an
+    estimator or a weight-sync transport it is optional. The run calls it once, newest component
+    first, after the last step (also after a failure or an interrupt); it blocks until the
+    resources are released and should not raise.
+
+    Example (the built-in ``math`` environment)::
+
+        class MathEnvironment:
+            def shutdown(self) -> None:
+                self._pool.shutdown(cancel_futures=True)
+    """
+
+    def shutdown(self) -> None: ...
+
+
+OPTIONAL_PROTOCOLS: tuple[type, ...] = (Checkpointable, PromptSampler, ReportsMetrics, WeightFileWriter,
+                                        WeightFileLoader, SurvivorNormalizedLoss, SupportsShutdown)
+"""Every optional protocol above (the Ray workers report which of their methods a component has)."""
+
+
+def protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The method names a protocol declares, in declaration order (``("save_checkpoint", "load_checkpoint")``)."""
+    return tuple(name for name, value in vars(protocol).items()
+                 if callable(value) and not name.startswith("_"))
 
 
 # === The worker-group API weight-sync transports use (Ray runtime) =================================

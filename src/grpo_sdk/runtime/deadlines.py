@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.protocols import PromptSampler, SupportsShutdown
 
 
 class WorkerError(GrpoSdkError):
@@ -110,22 +111,28 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
 
 class EnvironmentDeadline:
     """An in-process environment whose ``step`` and ``sample_prompts`` have a deadline; every other
-    attribute is the environment's own (``hasattr`` answers as for the environment)."""
+    attribute is the environment's own. It has the optional methods the environment has, and only
+    those (``PromptSampler``, ``SupportsShutdown``), so ``isinstance`` answers as for the
+    environment (Python 3.12+ looks protocol members up statically, past ``__getattr__``)."""
 
     def __init__(self, environment: Any, name: str, timeout: float):
         self.component = environment  # the environment itself (for code that must know its class)
         self._name, self._timeout = name, timeout
+        if isinstance(environment, PromptSampler):
+            self.sample_prompts = self._sample_prompts
+        if isinstance(environment, SupportsShutdown):
+            self.shutdown = environment.shutdown
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
         return call_with_deadline(self.component.step, message_logs, metadata, timeout=self._timeout,
                                   what=f"environment {self._name!r} step() on {len(message_logs)} samples")
 
+    def _sample_prompts(self, num_prompts: int, rng: Any) -> Any:
+        return call_with_deadline(self.component.sample_prompts, num_prompts, rng, timeout=self._timeout,
+                                  what=f"environment {self._name!r} sample_prompts()")
+
     def __getattr__(self, item: str) -> Any:
-        value = getattr(self.component, item)
-        if item != "sample_prompts":
-            return value
-        return lambda *args: call_with_deadline(value, *args, timeout=self._timeout,
-                                                what=f"environment {self._name!r} sample_prompts()")
+        return getattr(self.component, item)
 
 
 @attrs.define(eq=False)

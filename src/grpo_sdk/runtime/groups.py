@@ -10,6 +10,12 @@
   once; ``step`` splits the batch into chunks and gathers them in order. ``sample_prompts`` runs
   on a local instance, so the driver's ``random.Random`` advances exactly as in-process.
 
+A proxy has the optional protocol methods its remote component has, and only those (``methods``,
+what the workers report), so ``isinstance`` against the optional protocols of
+``grpo_sdk.core.protocols`` answers for the proxy as for the component. The policy group is always
+a ``WeightFileWriter`` and the generation group a ``WeightFileLoader``: they do the ``disk``
+transport's file work in the workers themselves, with the component's own method when it has one.
+
 Every remote call has a deadline (``grpo_sdk.runtime.deadlines``). Transports and tools can run
 their own code in the workers with ``group.run(fn, *args)`` (``fn(worker, *args)`` on every
 worker, results in order) or, to overlap calls on two groups (a broadcast needs the sender and the
@@ -19,10 +25,11 @@ receivers in flight together), ``group.submit(...)`` on each and one ``group.wai
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import attrs
 
+from grpo_sdk.core.protocols import SupportsShutdown
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
 from grpo_sdk.runtime.workers import attribute_op, load_weights_op, named_weights_op, save_weights_op
 
@@ -123,10 +130,32 @@ class WorkerGroup:
         self.runtime = runtime
         self.workers = workers
         self.collective = collective  # ranks of one torch.distributed group: one failing stops the others
-        self.methods: set[str] = set()  # optional protocol methods the component has
         self._in_flight = 0
         self._closed = False
         self._broken: str | None = None
+        self.methods = ()  # the runtime sets what the workers report once they are set up
+
+    # Optional protocol methods --------------------------------------------------------------------
+
+    def _optional_methods(self) -> dict[str, Callable[..., Any]]:
+        """The optional protocol methods this proxy forwards, by name. Each is an attribute of the proxy
+        only when every worker's component has it (``methods``), so ``isinstance(proxy, Checkpointable)``
+        answers as for the component (``grpo_sdk.core.protocols``)."""
+        return {}
+
+    @property
+    def methods(self) -> frozenset[str]:
+        """The optional protocol methods every worker's component has, as the workers reported them."""
+        return self._methods
+
+    @methods.setter
+    def methods(self, names: Iterable[str]) -> None:
+        self._methods = frozenset(names)
+        for name, method in self._optional_methods().items():
+            if name in self._methods:
+                setattr(self, name, method)
+            else:
+                self.__dict__.pop(name, None)
 
     # The generic interface (transports, tools) ------------------------------------------------------
 
@@ -319,19 +348,18 @@ class GenerationGroup(WorkerGroup):
         """Each replica's current weight version (monitoring, tests)."""
         return self.run(attribute_op, "weight_version", name="weight_version")
 
-    def save_checkpoint(self, path: str) -> None:
+    def _optional_methods(self) -> dict[str, Callable[..., Any]]:
+        return {"save_checkpoint": self._save_checkpoint, "load_checkpoint": self._load_checkpoint}
+
+    def _save_checkpoint(self, path: str) -> None:
         """Replica 0's state in ``path`` (the in-process layout, so either runtime resumes it), replica
         i's in ``path/replica_i``."""
-        if "save_checkpoint" not in self.methods:
-            return
         self._check_usable()
         self.wait([Call(w, "save_checkpoint", w.actor.call.remote("save_checkpoint", _replica_dir(path, i)))
                    for i, w in enumerate(self.workers)])
 
-    def load_checkpoint(self, path: str) -> None:
+    def _load_checkpoint(self, path: str) -> None:
         """Each replica loads its own state; replicas the checkpoint has none for keep their fresh state."""
-        if "load_checkpoint" not in self.methods:
-            return
         self._check_usable()
         calls = [Call(w, "load_checkpoint", w.actor.call.remote("load_checkpoint", _replica_dir(path, i)))
                  for i, w in enumerate(self.workers) if Path(_replica_dir(path, i)).is_dir()]
@@ -380,5 +408,5 @@ class EnvironmentPool(WorkerGroup):
             super().shutdown()
         finally:
             local, self._local = self._local, None
-            if local is not None and callable(getattr(local, "shutdown", None)):
+            if isinstance(local, SupportsShutdown):
                 local.shutdown()

@@ -54,6 +54,7 @@ from typing import Any
 import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
+from grpo_sdk.core.protocols import PromptSampler
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
 from grpo_sdk.runtime.groups import EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup
 from grpo_sdk.runtime.workers import ComponentWorker, WorkerSpec
@@ -227,7 +228,8 @@ class RayRuntime:
         k = self.cluster.env_workers
         workers = self._start_actors("environment", k)
         impl = self.registry.load_impl("environment", name)
-        factory = (lambda: impl(config, context)) if callable(getattr(impl, "sample_prompts", None)) else None
+        samples = isinstance(impl, type) and issubclass(impl, PromptSampler)
+        factory = (lambda: impl(config, context)) if samples else None
         group = EnvironmentPool(self, workers, max_concurrency=self.cluster.env_max_concurrency, local_factory=factory)
         self._setup(group, [self._spec("environment", name, config, context) for _ in range(k)])
         return group

@@ -30,9 +30,19 @@ from typing import Any, Callable
 import attrs
 
 from grpo_sdk.core.machine import LISTENING, free_port, node_ip, tcp_store
+from grpo_sdk.core.protocols import (
+    OPTIONAL_PROTOCOLS,
+    SupportsShutdown,
+    WeightFileLoader,
+    WeightFileWriter,
+    protocol_methods,
+)
 
-OPTIONAL_METHODS = ("save_checkpoint", "load_checkpoint", "sample_prompts", "shutdown", "offload", "onload",
-                    "save_weights", "load_weights")
+
+def optional_methods(component: Any) -> list[str]:
+    """The methods of the optional protocols ``component`` implements (``isinstance``), sorted: what a
+    worker reports, and so what the driver's proxy exposes (``grpo_sdk.runtime.groups``)."""
+    return sorted({m for p in OPTIONAL_PROTOCOLS if isinstance(component, p) for m in protocol_methods(p)})
 
 
 @attrs.frozen(kw_only=True)
@@ -143,7 +153,7 @@ class ComponentWorker:
                                device=self.device)
         self.component = impl(spec.config, context)
         return {"pid": os.getpid(), "node": node_ip(), "device": self.device,
-                "methods": sorted(m for m in OPTIONAL_METHODS if callable(getattr(self.component, m, None)))}
+                "methods": optional_methods(self.component)}
 
     def _join_process_group(self, spec: WorkerSpec, cluster: Any) -> None:
         import torch
@@ -177,7 +187,7 @@ class ComponentWorker:
 
     def teardown(self) -> None:
         try:
-            if self.component is not None and callable(getattr(self.component, "shutdown", None)):
+            if isinstance(self.component, SupportsShutdown):
                 self.component.shutdown()
         finally:
             self.component = None
@@ -196,9 +206,9 @@ class ComponentWorker:
 def save_weights_op(worker: ComponentWorker, path: str) -> tuple[int, int] | None:
     """Every rank drains ``named_weights`` (a collective under FSDP2); rank 0 writes the file.
 
-    A policy backend with its own ``save_weights(path)`` writes it itself (every rank calls it)."""
+    A policy backend that is a ``WeightFileWriter`` writes it itself (every rank calls it)."""
     component = worker.component
-    if callable(getattr(component, "save_weights", None)):
+    if isinstance(component, WeightFileWriter):
         return component.save_weights(path)
     from grpo_sdk.core.weights import write_weights
 
@@ -221,9 +231,9 @@ def named_weights_op(worker: ComponentWorker) -> list[tuple[str, Any]] | None:
 
 
 def load_weights_op(worker: ComponentWorker, path: str, version: int) -> None:
-    """Load a weights file into the generation backend (its own ``load_weights`` when it has one)."""
+    """Load a weights file into the generation backend (itself, when it is a ``WeightFileLoader``)."""
     component = worker.component
-    if callable(getattr(component, "load_weights", None)):
+    if isinstance(component, WeightFileLoader):
         component.load_weights(path, version=version)
         return
     from grpo_sdk.core.weights import read_weights

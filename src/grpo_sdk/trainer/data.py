@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import attrs
 
 from grpo_sdk.core.errors import ConfigError, DataError
+from grpo_sdk.core.protocols import PromptSampler
 
 log = logging.getLogger(__name__)
 
@@ -367,8 +368,8 @@ class MixturePrompts:
 class EnvironmentPrompts:
     """An endless stream of prompts from an environment's ``sample_prompts(n, rng)``; ``epoch`` stays 0."""
 
-    def __init__(self, environment: Any, env_name: str, *, seed: int | str, builder: PromptBuilder | None = None,
-                 max_prompt_tokens: int | None = None):
+    def __init__(self, environment: PromptSampler, env_name: str, *, seed: int | str,
+                 builder: PromptBuilder | None = None, max_prompt_tokens: int | None = None):
         self.environment = environment
         self.env_name = env_name
         self.rng = random.Random(seed)
@@ -441,7 +442,7 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
         prompts, dropped = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
         _check_step_fits(cfg, len(prompts), "data.train_path", data.train_path)
         return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, num_filtered=dropped)
-    if hasattr(environment, "sample_prompts"):
+    if isinstance(environment, PromptSampler):
         return EnvironmentPrompts(environment, cfg.env.name, seed=seed, builder=builder,
                                   max_prompt_tokens=max_prompt_tokens)
     raise ConfigError([("data.train_path", f"required: environment {cfg.env.name!r} does not generate prompts")])
@@ -471,7 +472,7 @@ def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
                                   max_prompt_tokens=max_prompt_tokens, filter_long=data.filter_long_prompts,
                                   num_workers=data.num_workers, key="data.validation_path")
         return prompts[:limit]
-    if hasattr(environment, "sample_prompts"):
+    if isinstance(environment, PromptSampler):
         stream = EnvironmentPrompts(environment, f"{cfg.env.name} validation", seed=f"{cfg.grpo.seed}:validation",
                                     builder=builder, max_prompt_tokens=max_prompt_tokens)
         return stream.next_prompts(limit)

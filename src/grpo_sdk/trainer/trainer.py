@@ -53,6 +53,7 @@ from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer
+from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, SamplingParams
 from grpo_sdk.runtime import make_runtime
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
@@ -371,7 +372,8 @@ class GRPOTrainer:
             reference_logprobs=batch.reference_logprobs, teacher_logprobs=teacher_logprobs,
             generation_logprobs=batch.generation_logprobs, metadata=rollouts.metadata)
         batch.advantages = clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high)
-        metrics.update(getattr(parts.estimator, "last_metrics", None) or {})
+        if isinstance(parts.estimator, ReportsMetrics):
+            metrics.update(parts.estimator.last_metrics)
         response_advantages = batch.advantages[mask > 0]
         if response_advantages.numel():
             metrics.update({"advantages/mean": float(response_advantages.mean()),
@@ -523,18 +525,18 @@ class GRPOTrainer:
         return path
 
     def _write_checkpoint(self, directory: Path) -> None:
-        parts = self.components
+        parts, directory = self.components, directory.absolute()  # components get absolute paths
         parts.policy.save_checkpoint(str(directory / "policy"))
         parts.tokenizer.save_pretrained(str(directory / "policy"))  # policy/ is a complete HF model dir
-        if hasattr(parts.generation, "save_checkpoint"):
+        if isinstance(parts.generation, Checkpointable):
             parts.generation.save_checkpoint(str(directory / "generation"))
         save_file({"torch": torch.get_rng_state()}, str(directory / "rng.safetensors"))
 
     def _restore(self, directory: Path) -> None:
-        parts = self.components
+        parts, directory = self.components, directory.absolute()
         self.state = TrainerState.from_json(json.loads((directory / STATE_FILE).read_text()))
         parts.policy.load_checkpoint(str(directory / "policy"))
-        if hasattr(parts.generation, "load_checkpoint") and (directory / "generation").is_dir():
+        if isinstance(parts.generation, Checkpointable) and (directory / "generation").is_dir():
             parts.generation.load_checkpoint(str(directory / "generation"))
         parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step)
         torch.set_rng_state(load_file(str(directory / "rng.safetensors"))["torch"])
@@ -563,7 +565,7 @@ class GRPOTrainer:
         """Close what setup opened, newest first (loggers are closed by ``train``)."""
         try:
             for component in reversed(self.opened):
-                if hasattr(component, "shutdown"):
+                if isinstance(component, SupportsShutdown):
                     component.shutdown()
         finally:
             self.opened = []

@@ -6,11 +6,11 @@ process layout, and leaves a file that can be inspected when a sync goes wrong.
 
 Each sync writes ``<directory>/weights_v<version>.safetensors`` (through a temporary name and a
 rename, so a reader never sees half a file), then every generation replica loads it and reports
-the new version in ``GenerationOutput.weight_version``. Generic over runtimes: when the policy and
-generation objects offer ``save_weights(path)`` / ``load_weights(path, version=)`` (the Ray
-runtime's worker groups do: policy rank 0 writes in its own process, each replica reads in its
-own), they are used; otherwise (in-process) the driver writes ``policy.named_weights()`` and
-streams the file into ``generation.update_weights``.
+the new version in ``GenerationOutput.weight_version``. Generic over runtimes: a policy that is a
+``WeightFileWriter`` writes the file itself and a generation backend that is a
+``WeightFileLoader`` reads it itself (the Ray runtime's worker groups are both: policy rank 0
+writes in its own process, each replica reads in its own); otherwise (in-process) the driver
+writes ``policy.named_weights()`` and streams the file into ``generation.update_weights``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_sdk.plugins import SyncStats
+from grpo_sdk.plugins import SyncStats, WeightFileLoader, WeightFileWriter
 from grpo_sdk.plugins.tensors import read_weights, write_weights
 from grpo_sdk.weight_sync.specs import DiskWeightSyncConfig
 
@@ -39,13 +39,13 @@ class DiskWeightSync:
     def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
         start = time.perf_counter()
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"weights_v{version}.safetensors"
-        if callable(getattr(policy, "save_weights", None)):
+        path = (self.directory / f"weights_v{version}.safetensors").absolute()  # the protocols take absolute paths
+        if isinstance(policy, WeightFileWriter):
             num_tensors, num_bytes = policy.save_weights(str(path))
         else:
             num_tensors, num_bytes = write_weights(policy.named_weights(), path,
                                                    metadata={"version": str(version)})
-        if callable(getattr(generation, "load_weights", None)):
+        if isinstance(generation, WeightFileLoader):
             generation.load_weights(str(path), version=version)
         else:
             generation.update_weights(read_weights(path), version=version)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
-from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, TrainBatch
+from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
 
 
@@ -161,7 +161,7 @@ class HFPolicy:
             if failed:
                 raise NonFiniteError(failure or f"loss is not finite on another data-parallel rank in optimizer "
                                                 f"step {self.optimizer_steps + 1}")
-            if getattr(loss_fn, "requires_survivor_normalization", False):
+            if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
                 # The in-loss logprob-error filter divided by the original counts; only now, after
                 # every micro-batch (of every rank), are the surviving counts known.
                 factor, (metrics,) = loss_fn.survivor_normalization(
