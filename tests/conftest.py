@@ -11,6 +11,13 @@ that folder and its package next to it: no pip, no network. ``FakeSite`` writes 
     site.add("acme-gen", entry_points={"grpo_sdk.generation": {"acme": "acme_gen.spec:SPEC"}},
              files={"acme_gen/__init__.py": "", "acme_gen/spec.py": "..."})
     site.grpoctl("plugins", "list")   # the real CLI in a subprocess that sees the fake site
+
+Two helpers every module shares: the ``registry`` fixture (the installed plugins, plus a module's
+own test components when it marks itself ``pytestmark = pytest.mark.hook_plugin(Components())``)
+and ``run_grpoctl`` (the real CLI in a fresh interpreter)::
+
+    from conftest import run_grpoctl
+    proc = run_grpoctl("config", "validate", cwd=tmp_path)
 """
 
 from __future__ import annotations
@@ -27,6 +34,47 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; fail fast instead of retrying
 
 STRICT_ENV = "GRPO_SDK_STRICT_PLUGINS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hook_plugin(*plugins): hook plugins (objects with hookimpls) the module's "
+                                       "`registry` fixture registers, for test components")
+
+
+@pytest.fixture(scope="module")
+def registry(request: pytest.FixtureRequest):
+    """The registry of the installed plugins, discovered once per module; with the module's
+    ``hook_plugin`` mark, of those plugins instead of the installed hook plugins."""
+    from grpo_sdk.plugins.host import PluginHost
+    from grpo_sdk.plugins.registry import Registry
+
+    mark = request.node.get_closest_marker("hook_plugin")
+    if mark is None:
+        return Registry.discover()
+    host = PluginHost()
+    for i, plugin in enumerate(mark.args):
+        host.register(plugin, name=f"{request.module.__name__}-{i}")
+    return Registry.discover(host=host)
+
+
+def grpoctl_env(env: dict[str, str] | None = None, *, strict: bool = False, **extra: str) -> dict[str, str]:
+    """The environment ``run_grpoctl`` gives the CLI: ``env`` (default: this process's) with one torch
+    thread, no hub, unbuffered output and strict plugin mode off (``strict=True`` turns it on)."""
+    out = {k: v for k, v in (os.environ if env is None else env).items() if k != STRICT_ENV}
+    out.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **extra})
+    if strict:
+        out[STRICT_ENV] = "1"
+    return out
+
+
+def run_grpoctl(*args: object, cwd: str | Path | None = None, python: str | Path = sys.executable,
+                env: dict[str, str] | None = None, strict: bool = False, timeout: float = 600,
+                **extra_env: str) -> subprocess.CompletedProcess:
+    """``grpoctl ARGS`` as a user runs it: ``python -m grpo_sdk.cli.app`` in a fresh interpreter (another
+    venv's python too), in ``cwd``, with ``grpoctl_env(env, strict=strict, **extra_env)``; output captured."""
+    return subprocess.run([str(python), "-m", "grpo_sdk.cli.app", *map(str, args)], cwd=cwd,
+                          env=grpoctl_env(env, strict=strict, **extra_env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 class FakeSite:
@@ -61,13 +109,8 @@ class FakeSite:
 
     def grpoctl(self, *args: str, strict: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run the real ``grpoctl`` in a subprocess that has this site on its path."""
-        env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
-        env["OMP_NUM_THREADS"] = "1"
-        if strict:
-            env[STRICT_ENV] = "1"
-        return subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", *args], env=env, cwd=self.root,
-                              capture_output=True, text=True, timeout=timeout)
+        path = os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")]))
+        return run_grpoctl(*args, cwd=self.root, strict=strict, timeout=timeout, PYTHONPATH=path)
 
 
 @pytest.fixture

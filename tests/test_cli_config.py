@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from grpo_sdk.core import config as C
 from grpo_sdk.core.config_loader import dump_config, load_config
 from grpo_sdk.plugins.host import PluginHost
 from grpo_sdk.plugins.registry import Registry
+from conftest import grpoctl_env, run_grpoctl
 
 BUILTINS = {("generation", "hf"), ("policy", "hf"), ("estimator", "grpo"), ("environment", "reverse_digits"),
             ("weight_sync", "inprocess"), ("logger", "jsonl"), ("logger", "console")}
@@ -45,13 +45,6 @@ def cli(capsys):
     STATE.host, STATE.registry = saved
 
 
-def grpoctl(*args: str, python: str | None = None) -> subprocess.CompletedProcess:
-    """Run `grpoctl ARGS` in a fresh interpreter (or the given ``python -c`` program)."""
-    command = ["-c", python] if python else ["-m", "grpo_sdk.cli.app", *args]
-    return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def schema_entries(out: str) -> dict[str, tuple[str, str]]:
     """`config schema` output -> {path: (type and default, help)}; each key line is followed by its help."""
     lines = out.splitlines()
@@ -68,7 +61,7 @@ def schema_entries(out: str) -> dict[str, tuple[str, str]]:
 
 
 def test_version():
-    proc = grpoctl("--version")
+    proc = run_grpoctl("--version")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"grpo-sdk {grpo_sdk.__version__}\n"
     assert grpo_sdk.__version__ == md.version("grpo-sdk")
@@ -192,7 +185,7 @@ def test_schema_unknown_section_is_a_usage_error(cli):
 
 
 def test_doctor_json():
-    proc = grpoctl("doctor", "--json")
+    proc = run_grpoctl("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     status = {(c["kind"], c["name"]): c["status"] for c in report["components"]}
@@ -215,7 +208,8 @@ def test_run_with_bad_config_exits_2_before_any_model(tmp_path):
     program = ("import sys; from grpo_sdk.cli.app import main; "
                f"code = main(['run', *{BAD!r}, '--run-dir', {str(run_dir)!r}]); "
                "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
-    proc = grpoctl(python=program)
+    proc = subprocess.run([sys.executable, "-c", program], env=grpoctl_env(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 2
     assert proc.stdout == "torch imported: False\n"
     assert "4 config problems" in proc.stderr
@@ -228,8 +222,8 @@ def test_run_with_unknown_plugin_exits_3(cli, tmp_path):
 
 
 def test_run_with_missing_model_exits_1_naming_the_path(tmp_path):
-    proc = grpoctl("run", "policy.model_name=/nonexistent/dir", "grpo.max_num_steps=1",
-                   "--run-dir", str(tmp_path / "run"))
+    proc = run_grpoctl("run", "policy.model_name=/nonexistent/dir", "grpo.max_num_steps=1",
+                       "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 1, proc.stderr
     assert "error: " in proc.stderr and "/nonexistent/dir" in proc.stderr
     assert "Traceback" not in proc.stderr

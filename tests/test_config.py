@@ -17,17 +17,11 @@ from grpo_sdk.core.config_loader import check_config, dump_config, load_config, 
 from grpo_sdk.core.errors import ConfigError, ExitCode, PluginError
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
-from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.testing import undocumented_options
 
 # The smallest file that passes every check. max_new_tokens is set because the class defaults
 # (max_new_tokens 512, max_total_sequence_length 512) fail check_config; see test_class_defaults_pass_checks.
 BASE = "policy: {model_name: base-model, generation: {max_new_tokens: 16}}\n"
-
-
-@pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.discover()
 
 
 @pytest.fixture

@@ -8,13 +8,7 @@ import json
 import pytest
 
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.plugins.registry import Registry
 from conftest import config_problems
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return Registry.discover()
 
 
 @pytest.mark.parametrize("overrides, key, text", [

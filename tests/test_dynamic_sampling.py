@@ -12,8 +12,6 @@ from grpo_sdk.core.records import EnvironmentReturn, Message
 from grpo_sdk.trainer.rollout import RolloutBatch
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
-from grpo_sdk.plugins.host import PluginHost
-from grpo_sdk.plugins.registry import Registry
 from conftest import small_trainer
 
 
@@ -75,11 +73,7 @@ class Components:
                               capabilities={"generates_prompts"})]
 
 
-@pytest.fixture(scope="module")
-def registry():
-    host = PluginHost()
-    host.register(Components(), name="test-dynamic-sampling")
-    return Registry.discover(host=host)
+pytestmark = pytest.mark.hook_plugin(Components())  # the `registry` fixture registers them
 
 
 def trainer_for(registry, tmp_path, model_dir, *overrides):

@@ -4,26 +4,20 @@ directory holds everything needed to reproduce and reuse the run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-
-def grpoctl(*args, cwd, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env.pop("GRPO_SDK_STRICT_PLUGINS", None)
-    return subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+from conftest import grpoctl_env, run_grpoctl
 
 
 @pytest.mark.slow
 def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
     """The default `grpoctl run` (500 steps, ~20 s on a quiet 2-core machine) must take the
     reward from the random-init level (~0.03) to at least 0.8."""
-    result = grpoctl("run", "--run-dir", "run", cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -43,7 +37,7 @@ def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
 
     # the resolved config reproduces the run's config exactly
     resolved = yaml.safe_load((run / "config.resolved.yaml").read_text())
-    again = grpoctl("config", "show", "-c", str(run / "config.resolved.yaml"), cwd=tmp_path)
+    again = run_grpoctl("config", "show", "-c", str(run / "config.resolved.yaml"), cwd=tmp_path)
     assert again.returncode == 0 and yaml.safe_load(again.stdout) == resolved
 
     plugins = json.loads((run / "plugins.json").read_text())
@@ -61,8 +55,8 @@ def test_builtin_recipe_learns_to_reverse_digits(tmp_path):
 
 
 def test_short_run_with_progress_bar_and_overrides(tmp_path):
-    result = grpoctl("run", "--run-dir", "run", "--progress", "grpo.max_num_steps=3",
-                     "grpo.num_prompts_per_step=4", "env.reverse_digits.num_digits=3", cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", "--progress", "grpo.max_num_steps=3",
+                         "grpo.num_prompts_per_step=4", "env.reverse_digits.num_digits=3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reward" in result.stdout and "tok/s" in result.stdout
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -74,7 +68,7 @@ def test_short_run_with_progress_bar_and_overrides(tmp_path):
 def test_refuses_to_overwrite_a_run_directory(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    result = grpoctl("run", "--run-dir", "run", cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", cwd=tmp_path)
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
 
@@ -88,8 +82,8 @@ def test_a_hook_module_from_the_current_directory_observes_the_run(tmp_path):
         "@hookimpl\n"
         "def grpo_run_end(status):\n"
         "    print(f'observed end: {status}')\n")
-    result = grpoctl("run", "--run-dir", "run", "-p", "my_observer", "grpo.max_num_steps=2",
-                     "grpo.num_prompts_per_step=2", cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", "-p", "my_observer", "grpo.max_num_steps=2",
+                         "grpo.num_prompts_per_step=2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "observed step 1 reward" in result.stdout and "observed step 2 reward" in result.stdout
     assert "observed end: completed" in result.stdout
@@ -98,9 +92,8 @@ def test_a_hook_module_from_the_current_directory_observes_the_run(tmp_path):
 def test_ctrl_c_exits_130(tmp_path):
     import signal
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
-                             "grpo.max_num_steps=100000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             "grpo.max_num_steps=100000"], cwd=tmp_path, env=grpoctl_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:

@@ -11,14 +11,8 @@ from grpo_sdk.backends.hf.policy import HFPolicy, lr_lambda
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.records import SamplingParams, TrainBatch
-from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.weight_sync.inprocess import InProcessWeightSync
 from conftest import prompt_batch, train_batch
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return Registry.discover()
 
 
 def make_context(model_dir, registry, *overrides, kl=0.0):

@@ -4,7 +4,6 @@ Ctrl-C, the save-by deadline, early stop, export and training-data dumps."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from grpo_sdk.trainer.checkpoint import STATUS_FILE, CheckpointManager
 from grpo_sdk.core.config import CheckpointingConfig
+from conftest import grpoctl_env, run_grpoctl
 
 # A small run: 4 prompts x 8 generations, validation every 8 steps, a checkpoint every 4.
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "grpo.val_period=8",
@@ -22,15 +22,6 @@ SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "gr
 VOLATILE = ("timing/", "perf/")  # wall-clock metrics differ between runs by nature
 
 
-def env() -> dict[str, str]:
-    out = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    out.pop("GRPO_SDK_STRICT_PLUGINS", None)
-    return out
-
-
-def grpoctl(*args, cwd, timeout=600):
-    return subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def metrics_of(run: Path) -> list[dict]:
@@ -45,7 +36,7 @@ def final_weights(run: Path) -> bytes:
 
 def run_and_kill_after(args, cwd, step: int) -> None:
     """Start `grpoctl run`, SIGKILL it as soon as it reports `step`."""
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=env(),
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=grpoctl_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in proc.stdout:
@@ -64,13 +55,13 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     args = ["run", "--run-dir", "run", "grpo.max_num_steps=22", *SMALL]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    reference = grpoctl(*args, cwd=tmp_path / "a")
+    reference = run_grpoctl(*args, cwd=tmp_path / "a")
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     run_and_kill_after(args, tmp_path / "b", step=6)
     for kill_at in (8, 21):
         run_and_kill_after(["run", "--resume", "run"], tmp_path / "b", step=kill_at)
-    resumed = grpoctl("run", "--resume", "run", cwd=tmp_path / "b")
+    resumed = run_grpoctl("run", "--resume", "run", cwd=tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step" in resumed.stdout
 
@@ -83,7 +74,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
 
 def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
-                             "grpo.max_num_steps=1000", *SMALL], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                             "grpo.max_num_steps=1000", *SMALL], cwd=tmp_path, env=grpoctl_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:
@@ -99,14 +90,14 @@ def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path):
     assert latest is not None and int(latest.name.split("_")[1]) >= 1
     status = json.loads((run / "checkpoints" / STATUS_FILE).read_text())
     assert status["last_checkpoint_step"] == int(latest.name.split("_")[1])
-    resumed = grpoctl("run", "--resume", "run", "grpo.max_num_steps=5", cwd=tmp_path)
+    resumed = run_grpoctl("run", "--resume", "run", "grpo.max_num_steps=5", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [r["step"] for r in metrics_of(run)] == [1, 2, 3, 4, 5]
 
 
 def test_deadline_saves_and_exits_cleanly(tmp_path):
-    result = grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=100000", "checkpointing.checkpoint_must_save_by=00:00:04",
-                     *SMALL, cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=100000", "checkpointing.checkpoint_must_save_by=00:00:04",
+                         *SMALL, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "checkpoint_must_save_by" in result.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -115,8 +106,8 @@ def test_deadline_saves_and_exits_cleanly(tmp_path):
 
 
 def test_early_stop_on_a_validation_metric(tmp_path):
-    result = grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=50", "grpo.stop_at_validation_metric=accuracy",
-                     "grpo.stop_at_validation_threshold=0.0", *SMALL, cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=50", "grpo.stop_at_validation_metric=accuracy",
+                         "grpo.stop_at_validation_threshold=0.0", *SMALL, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "early_stop" and summary["steps"] == 8  # the first validation
@@ -128,15 +119,15 @@ def test_validation_does_not_perturb_training(tmp_path):
     for val_period in (0, 2):
         cwd = tmp_path / f"v{val_period}"
         cwd.mkdir()
-        result = grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=4", *SMALL, f"grpo.val_period={val_period}",
-                         "checkpointing.enabled=false", cwd=cwd)
+        result = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=4", *SMALL, f"grpo.val_period={val_period}",
+                             "checkpointing.enabled=false", cwd=cwd)
         assert result.returncode == 0, result.stderr[-2000:]
         runs[val_period] = [{k: v for k, v in r.items() if not k.startswith("val/")} for r in metrics_of(cwd / "run")]
     assert runs[0] == runs[2]
 
 
 def test_export_and_train_data_dumps(tmp_path):
-    result = grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=4", "logger.dump_train_data=true", *SMALL, cwd=tmp_path)
+    result = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=4", "logger.dump_train_data=true", *SMALL, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     dump = [json.loads(line) for line in (tmp_path / "run" / "train_data" / "step_3.jsonl").read_text().splitlines()]
     assert len(dump) == 32
@@ -145,7 +136,7 @@ def test_export_and_train_data_dumps(tmp_path):
             "generation_logprobs", "prev_logprobs", "input_lengths"} <= set(row)
     assert len(row["token_ids"]) == len(row["token_loss_mask"]) == len(row["advantages"]) == row["input_lengths"]
 
-    exported = grpoctl("export", "run", "model", cwd=tmp_path)
+    exported = run_grpoctl("export", "run", "model", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -153,7 +144,7 @@ def test_export_and_train_data_dumps(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "model")
     assert model.config.model_type == "gpt2" and tokenizer.eos_token == "<eos>"
     assert not list((tmp_path / "model").glob("optimizer*"))
-    again = grpoctl("export", "run", "model", cwd=tmp_path)
+    again = run_grpoctl("export", "run", "model", cwd=tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr
 
 

@@ -13,7 +13,6 @@ import math
 import os
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import PluginError
 from grpo_sdk.plugins.registry import Registry
+from conftest import run_grpoctl
 
 METRICS = {  # step -> metrics, with the key shapes the loop logs and one NaN
     1: {"reward/mean": 0.25, "timing/train": 0.5, "loss": 1.5, "val/pass@4": 0.5},
@@ -289,14 +289,12 @@ def test_training_run_with_every_logger(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
-        env[var] = str(tmp_path / "wandb-home")
-    env.pop("MLFLOW_ALLOW_FILE_STORE", None)
-    grpoctl = [sys.executable, "-m", "grpo_sdk.cli.app"]
-    result = subprocess.run([*grpoctl, "run", "--run-dir", str(run_dir), "grpo.max_num_steps=3", "grpo.val_period=0",
-                             "logger.loggers=[jsonl,tensorboard,mlflow,wandb]"],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
+    home = {var: str(tmp_path / "wandb-home") for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR",
+                                                          "WANDB_DATA_DIR")}
+    result = run_grpoctl("run", "--run-dir", run_dir, "grpo.max_num_steps=3", "grpo.val_period=0",
+                         "logger.loggers=[jsonl,tensorboard,mlflow,wandb]", cwd=tmp_path, env=env, timeout=300,
+                         WANDB_MODE="offline", WANDB_SILENT="true", **home)
     assert result.returncode == 0, result.stderr[-3000:]
 
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from conftest import run_grpoctl
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -26,10 +26,8 @@ def test_recipe_validates(recipe, tmp_path):
     blocker = tmp_path / "torch"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('config validate must not import torch')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "config", "validate", "-c", str(recipe)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    proc = run_grpoctl("config", "validate", "-c", recipe, cwd=ROOT, timeout=120, PYTHONPATH=path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "config OK" in proc.stdout
 

@@ -19,8 +19,6 @@ from grpo_sdk.core.errors import DataError, EnvironmentStepError, ModelLoadError
 from grpo_sdk.core.records import EnvironmentReturn
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
-from grpo_sdk.plugins.host import PluginHost
-from grpo_sdk.plugins.registry import Registry
 from conftest import small_trainer
 
 
@@ -59,11 +57,7 @@ class Components:
                 ComponentSpec(name="nan_adv", kind="estimator", impl=f"{__name__}:NaNEstimator")]
 
 
-@pytest.fixture(scope="module")
-def registry():
-    host = PluginHost()
-    host.register(Components(), name="test-components")
-    return Registry.discover(host=host)
+pytestmark = pytest.mark.hook_plugin(Components())  # the `registry` fixture registers them
 
 
 def trainer_for(registry, tmp_path, model_dir, *overrides):

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import run_grpoctl
 from venvs import make_venv, pip_install, venv_env
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "plugins" / "grpo-acme-estimator"
@@ -91,11 +92,7 @@ class Acme:
 
     def grpoctl(self, *args: str, strict: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         """The real CLI (``grpoctl``'s own ``main``) run by the venv's python, in ``self.root``."""
-        env = {k: v for k, v in venv_env().items() if k != "GRPO_SDK_STRICT_PLUGINS"}
-        if strict:
-            env["GRPO_SDK_STRICT_PLUGINS"] = "1"
-        return subprocess.run([str(self.python), "-m", "grpo_sdk.cli.app", *args], cwd=self.root, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return run_grpoctl(*args, cwd=self.root, python=self.python, env=venv_env(), strict=strict, timeout=timeout)
 
     def listing(self, *args: str) -> tuple[dict, dict]:
         """``plugins list --json``: (the acme_median row or None, the acme-observer hook row or None)."""

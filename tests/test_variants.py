@@ -11,8 +11,6 @@ import torch
 from grpo_sdk.core.records import EnvironmentReturn
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
-from grpo_sdk.plugins.host import PluginHost
-from grpo_sdk.plugins.registry import Registry
 from conftest import small_trainer
 
 IS = "loss_fn.use_importance_sampling_correction=true"
@@ -80,11 +78,7 @@ class Components:
                               capabilities={"generates_prompts"})]
 
 
-@pytest.fixture(scope="module")
-def registry():
-    host = PluginHost()
-    host.register(Components(), name="test-variants")
-    return Registry.discover(host=host)
+pytestmark = pytest.mark.hook_plugin(Components())  # the `registry` fixture registers them
 
 
 @pytest.fixture(scope="module")

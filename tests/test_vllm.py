@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import prompt_batch, train_batch
+from conftest import prompt_batch, run_grpoctl, train_batch
 
 pytestmark = pytest.mark.vllm
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -26,9 +23,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_selecting_vllm_without_it_says_how_to_install(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "config", "validate",
-                             "policy.generation.backend=vllm"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = run_grpoctl("config", "validate", "policy.generation.backend=vllm", cwd=tmp_path)
     assert result.returncode == 3
     assert "pip install 'grpo-sdk[vllm]'" in result.stderr and "vllm" in result.stderr
 
@@ -39,13 +34,6 @@ def model_dir(tmp_path_factory):
 
     # vLLM's CPU attention needs head_dim >= 32: d_model 64 with 2 heads
     return build_tiny_gpt2(tmp_path_factory.mktemp("vllm_model"), seed=0, n_head=2)
-
-
-@pytest.fixture(scope="module")
-def registry():
-    from grpo_sdk.plugins.registry import Registry
-
-    return Registry.discover()
 
 
 VLLM = ["policy.generation.backend=vllm", "policy.generation.vllm.kv_cache_memory_bytes=67108864",
@@ -135,10 +123,8 @@ def test_weight_sync_makes_greedy_outputs_equal(registry, model_dir):
 def test_grpo_steps_of_the_builtin_recipe_with_vllm(tmp_path, model_dir):
     """A few steps of the built-in recipe with vLLM generation; generation and policy logprobs
     agree (token_mult_prob_error near 1) at every step, across weight syncs."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
-                             f"policy.model_name={model_dir}", "grpo.max_num_steps=4", "grpo.val_period=0",
-                             *VLLM], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={model_dir}", "grpo.max_num_steps=4",
+                         "grpo.val_period=0", *VLLM, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -152,12 +138,11 @@ def test_vllm_replicas_on_ray_take_weights_by_collective_broadcast(tmp_path, mod
     """The vLLM backend inside Ray generation workers, synced by the collective transport (a gloo
     broadcast from policy rank 0): logprobs keep agreeing with the policy across syncs."""
     pytest.importorskip("ray", reason="the vLLM lane installs ray for this test (.ci/vllm-lane)")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # Ray token auth on, as users run it
-    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
-                             f"policy.model_name={model_dir}", "grpo.max_num_steps=3", "grpo.val_period=0",
-                             "cluster.runtime=ray", "cluster.generation_workers=2", "weight_sync.backend=collective",
-                             "checkpointing.enabled=false", *VLLM], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=900)
+    # Ray token auth on, as users run it
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={model_dir}", "grpo.max_num_steps=3",
+                         "grpo.val_period=0", "cluster.runtime=ray", "cluster.generation_workers=2",
+                         "weight_sync.backend=collective", "checkpointing.enabled=false", *VLLM, cwd=tmp_path,
+                         timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]

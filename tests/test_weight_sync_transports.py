@@ -95,11 +95,6 @@ def test_the_broadcast_backend_follows_devices_and_placement():
 # --- config checks ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return Registry.discover()
-
-
 def test_both_transports_are_installed_entry_points(registry):
     for name, capability in (("collective", "collective"), ("cuda_ipc", "cuda_ipc")):
         info = registry.info("weight_sync", name)

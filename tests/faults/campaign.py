@@ -21,6 +21,7 @@ import pytest
 
 from grpo_sdk.trainer.checkpoint import CheckpointManager
 from grpo_sdk.core.config import CheckpointingConfig
+from conftest import grpoctl_env, run_grpoctl
 
 HERE = Path(__file__).parent
 FULL = os.environ.get("GRPO_SDK_FAULTS") == "full"
@@ -39,16 +40,14 @@ def sample(cases: list, ci: int, seed: int = 0) -> list:
 
 
 def env(**extra: str) -> dict[str, str]:
-    out = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           # No empty entry: an empty PYTHONPATH component means "the current directory".
-           "PYTHONPATH": os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p), **extra}
-    out.pop("GRPO_SDK_STRICT_PLUGINS", None)
-    return out
+    """grpoctl's environment in the campaign: tests/faults on the path, for ``-p fault_inject``."""
+    # No empty entry: an empty PYTHONPATH component means "the current directory".
+    path = os.pathsep.join(p for p in [str(HERE), os.environ.get("PYTHONPATH", "")] if p)
+    return grpoctl_env(**{"PYTHONPATH": path, **extra})
 
 
 def grpoctl(*args: str, cwd: Path, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=env(**extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_grpoctl(*args, cwd=cwd, timeout=timeout, env=env(**extra))
 
 
 def start(*args: str, cwd: Path, **extra: str) -> subprocess.Popen:
