@@ -137,7 +137,7 @@ RECORDS = {
     "GenerationOutput": "response_ids, response_lengths, logprobs, truncated, weight_version=",
     "Message": "role, content, token_ids=, generation_logprobs=",
     "RunContext": ("config, run_dir, model_path, tokenizer_path, device, seed, needs_reference, registry=, "
-                   "resume_step=, rank=, world_size="),
+                   "resume_step=, rank=, world_size=, eos_token_id=, pad_token_id="),
     "SamplingParams": "max_new_tokens, temperature=, top_p=, top_k=, stop_token_ids=, seed=",
     "SyncStats": "version, num_tensors, num_bytes, seconds",
     "TrainBatch": ("input_ids, attention_mask, token_mask, sample_mask, generation_logprobs, group_ids, rewards, "

@@ -11,8 +11,9 @@ from pathlib import Path
 from grpo_sdk.core.errors import ModelLoadError
 
 
-def _looks_local(name: str) -> bool:
-    # "org/model" and "model" may be hub ids; anything else that does not exist is a missing path.
+def looks_local(name: str) -> bool:
+    """Whether ``name`` can only be a local path: "org/model" and "model" may be hub ids, anything
+    else (``./m``, ``/m``, ``~/m``, ``a/b/c``) is a path, missing if it does not exist."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
@@ -25,7 +26,7 @@ def check_model_source(name: str, key: str = "policy.model_name") -> None:
         if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
             raise ModelLoadError(f"{key}: {name} holds no config.json; is it a Hugging Face model directory?")
         return
-    if _looks_local(name):
+    if looks_local(name):
         raise ModelLoadError(f"{key}: no model directory at {name}")
 
 

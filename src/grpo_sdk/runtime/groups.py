@@ -288,11 +288,11 @@ class GenerationGroup(WorkerGroup):
     role = "generation"
 
     def __init__(self, runtime: Any, workers: list[WorkerHandle], *, tokenizer_path: str,
-                 colocated_policy: PolicyGroup | None = None):
+                 colocated_policy: PolicyGroup | None = None, pad_token_id: int | None = None):
         super().__init__(runtime, workers)
         self.tokenizer_path = tokenizer_path
         self.colocated_policy = colocated_policy
-        self._pad_token_id: int | None = None
+        self._pad_token_id = pad_token_id  # RunContext.pad_token_id; loaded from the tokenizer when not given
 
     @property
     def pad_token_id(self) -> int:

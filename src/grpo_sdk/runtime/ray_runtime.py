@@ -219,7 +219,8 @@ class RayRuntime:
         m = self.cluster.generation_workers
         workers = self._start_actors("generation", m)
         colocated_policy = self.policy_group if self.colocated else None
-        group = GenerationGroup(self, workers, tokenizer_path=context.tokenizer_path, colocated_policy=colocated_policy)
+        group = GenerationGroup(self, workers, tokenizer_path=context.tokenizer_path, colocated_policy=colocated_policy,
+                                pad_token_id=context.pad_token_id)
         self._setup(group, [self._spec("generation", name, config, attrs.evolve(context, seed=context.seed + i))
                             for i in range(m)])
         return group

@@ -169,14 +169,17 @@ class GRPOTrainer:
             if self.resume else None
         if cfg.checkpointing.enabled:  # room for one checkpoint, before hours of training make one
             check_storage(self.run_dir, self.checkpoints.directory, checkpoint_bytes(model_path, cfg))
+        # The tokenizer first: every component gets its EOS and pad ids in the context.
+        tokenizer_key = "policy.tokenizer.name" if cfg.policy.tokenizer.name else "policy.model_name"
+        tokenizer = load_tokenizer(cfg.policy.tokenizer.name or model_path, key=tokenizer_key)
         context = RunContext(
             resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
-            config=cfg, run_dir=self.run_dir, model_path=model_path,
+            config=cfg, run_dir=self.run_dir, model_path=model_path,  # made absolute by RunContext
             tokenizer_path=cfg.policy.tokenizer.name or model_path,
             # On Ray each worker picks its own device; the driver may have none.
             device=pick_device(cfg.cluster.device) if cfg.cluster.runtime == "local" else cfg.cluster.device,
             seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
-            registry=self.registry,
+            registry=self.registry, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
         runtime = self._open(make_runtime(cfg, self.registry))
         STOP.reinstall()  # ray.init installs a SIGTERM handler of its own
@@ -194,7 +197,6 @@ class GRPOTrainer:
         # capabilities, never from its name.
         needs = self.registry.get("estimator", cfg.grpo.adv_estimator.name).capabilities
         teacher = self._open(self._build_teacher(runtime, context)) if "teacher_logprobs" in needs else None
-        tokenizer = load_tokenizer(context.tokenizer_path)
         gen = cfg.policy.generation
         max_prompt_tokens = cfg.data.max_input_seq_length or (cfg.policy.max_total_sequence_length - gen.max_new_tokens)
         in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None
