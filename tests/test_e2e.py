@@ -92,7 +92,7 @@ def test_a_hook_module_from_the_current_directory_observes_the_run(tmp_path):
 def test_ctrl_c_exits_130(tmp_path):
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", "run",
                              "grpo.max_num_steps=100000"], cwd=tmp_path, env=grpoctl_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

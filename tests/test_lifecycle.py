@@ -36,7 +36,7 @@ def final_weights(run: Path) -> bytes:
 
 def run_and_kill_after(args, cwd, step: int) -> None:
     """Start `grpoctl run`, SIGKILL it as soon as it reports `step`."""
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=grpoctl_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", *args], cwd=cwd, env=grpoctl_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in proc.stdout:
@@ -73,7 +73,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
 
 
 def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", "run",
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", "run",
                              "grpo.max_num_steps=1000", *SMALL], cwd=tmp_path, env=grpoctl_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

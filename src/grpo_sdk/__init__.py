@@ -5,11 +5,18 @@ The training loop and backends are imported when a run starts (`grpo_sdk.trainer
 Plugin authors import from `grpo_sdk.plugins`.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("grpo-sdk")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
-
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> str:
+    # Looked up on first use: importlib.metadata costs ~50 ms, paid by every `grpoctl` start-up otherwise.
+    if name != "__version__":
+        raise AttributeError(f"module 'grpo_sdk' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("grpo-sdk")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value

@@ -51,7 +51,7 @@ def grpoctl(*args: str, cwd: Path, timeout: float = 300, **extra: str) -> subpro
 
 
 def start(*args: str, cwd: Path, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.app", *args], cwd=cwd, env=env(**extra),
+    return subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", *args], cwd=cwd, env=env(**extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -45,7 +44,7 @@ class StopRequests:
         self.deferred = False  # True while a training loop will honour a request at its next safe point
         self.stopped_now = False  # a StopNow was raised (library code may re-raise it as another exception)
         self.installed = False
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, object] = {}  # (no typing import: this loads first in grpoctl)
 
     @property
     def requested(self) -> bool:
@@ -86,7 +85,7 @@ class StopRequests:
     def reset(self) -> None:
         self.signum, self.deferred, self.stopped_now = None, False, False
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None or not self.deferred:
             self.signum = self.signum or signum
             self.stopped_now = True  # whatever the raise turns into on its way up, it was this signal
