@@ -70,9 +70,9 @@ def grpoctl_env(env: dict[str, str] | None = None, *, strict: bool = False, **ex
 def run_grpoctl(*args: object, cwd: str | Path | None = None, python: str | Path = sys.executable,
                 env: dict[str, str] | None = None, strict: bool = False, timeout: float = 600,
                 **extra_env: str) -> subprocess.CompletedProcess:
-    """``grpoctl ARGS`` as a user runs it: ``python -m grpo_sdk.cli.app`` in a fresh interpreter (another
+    """``grpoctl ARGS`` as a user runs it: ``python -m grpo_sdk.cli.entry`` (what the script runs) in a fresh interpreter (another
     venv's python too), in ``cwd``, with ``grpoctl_env(env, strict=strict, **extra_env)``; output captured."""
-    return subprocess.run([str(python), "-m", "grpo_sdk.cli.app", *map(str, args)], cwd=cwd,
+    return subprocess.run([str(python), "-m", "grpo_sdk.cli.entry", *map(str, args)], cwd=cwd,
                           env=grpoctl_env(env, strict=strict, **extra_env), capture_output=True, text=True,
                           timeout=timeout)
 

@@ -420,11 +420,10 @@ def results(steps):
 
 
 def assert_replicas_hold_the_policy_weights(trainer, *, version):
-    from grpo_sdk.runtime.workers import attribute_op
+    from grpo_sdk.runtime.workers import state_dict_op
 
     policy = dict(trainer.components.policy.named_weights())
-    replicas = [{k: v.cpu() for k, v in model.state_dict().items()}  # the models as the replicas hold them
-                for model in trainer.components.generation.run(attribute_op, "model")]
+    replicas = trainer.components.generation.run(state_dict_op)
     for weights_of_replica in replicas:
         assert set(weights_of_replica) == set(policy)
         for name, tensor in policy.items():
