@@ -165,7 +165,7 @@ def test_disk_transport_in_process_leaves_generation_with_the_policy_weights(tmp
 @needs_ray
 def test_a_short_run_with_replicas_and_an_environment_pool_and_the_disk_transport(tmp_path):
     """(a) + (e): 1 policy rank, 2 generation replicas, 2 environment actors, weights through files."""
-    from grpo_sdk.runtime.workers import state_dict_op
+    from grpo_sdk.runtime.workers import attribute_op
 
     trainer = trainer_for(tmp_path, "ray", *SHORT, *RAY, "cluster.generation_workers=2", "cluster.env_workers=2",
                           "weight_sync.backend=disk", "checkpointing.enabled=true", "checkpointing.save_period=3")
@@ -178,7 +178,8 @@ def test_a_short_run_with_replicas_and_an_environment_pool_and_the_disk_transpor
         assert all(0.0 <= m["reward/mean"] <= 1.0 and "env/exact_match" in m for m in steps)
 
         policy = dict(trainer.components.policy.named_weights())
-        replicas = trainer.components.generation.run(state_dict_op)
+        replicas = [{k: v.cpu() for k, v in model.state_dict().items()}  # the models as the replicas hold them
+                    for model in trainer.components.generation.run(attribute_op, "model")]
         assert len(replicas) == 2
         for weights in replicas:
             assert set(weights) == set(policy)

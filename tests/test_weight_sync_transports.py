@@ -420,10 +420,11 @@ def results(steps):
 
 
 def assert_replicas_hold_the_policy_weights(trainer, *, version):
-    from grpo_sdk.runtime.workers import state_dict_op
+    from grpo_sdk.runtime.workers import attribute_op
 
     policy = dict(trainer.components.policy.named_weights())
-    replicas = trainer.components.generation.run(state_dict_op)
+    replicas = [{k: v.cpu() for k, v in model.state_dict().items()}  # the models as the replicas hold them
+                for model in trainer.components.generation.run(attribute_op, "model")]
     for weights_of_replica in replicas:
         assert set(weights_of_replica) == set(policy)
         for name, tensor in policy.items():

@@ -241,15 +241,6 @@ def load_weights_op(worker: ComponentWorker, path: str, version: int) -> None:
     component.update_weights(read_weights(Path(path)), version=version)
 
 
-def state_dict_op(worker: ComponentWorker) -> dict[str, Any]:
-    """The component's weights as the generation backend holds them (tests, debugging)."""
-    component = worker.component
-    model = getattr(component, "model", None)
-    if model is None:
-        raise AttributeError(f"{type(component).__name__} has no .model to read weights from")
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
 def address_op(worker: ComponentWorker) -> tuple[str, int]:
     """An ``(ip, free port)`` on this worker's node, for a rendezvous (e.g. a weight-broadcast group)."""
     return worker.free_address()

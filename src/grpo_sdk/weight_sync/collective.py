@@ -314,7 +314,6 @@ class CollectiveWeightSync:
         self.deadline = SyncDeadline.of("collective", config.timeout_s, cluster.call_timeout_s)
         self.group_id: str | None = None
         self.plan: list[Bucket] = []
-        self.setup_seconds = 0.0  # the first sync's extra work: the plan and the group
 
     def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
         start = time.perf_counter()
@@ -327,7 +326,6 @@ class CollectiveWeightSync:
 
     def _form_group(self, policy: Any, generation: Any) -> None:
         """The plan from rank 0's ``named_weights``, then every participant joins the broadcast group."""
-        start = time.perf_counter()
         wait, timeout = self.deadline.wait, self.deadline.group_timeout
         specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
         plan = plan_buckets(specs, int(self.config.bucket_mb * (1 << 20)))
@@ -342,4 +340,3 @@ class CollectiveWeightSync:
                                                   plan, ranks=[i], name="collective_join")])
         wait(policy, calls)
         self.plan, self.group_id = plan, group_id
-        self.setup_seconds = time.perf_counter() - start
