@@ -1,6 +1,6 @@
 """The clipped policy-gradient loss with a KL penalty to the reference policy.
 
-Restates NeMo-RL's ``ClippedPGLossFn`` (shared/research/nemo-rl-reference.md §4) for every option
+Restates NeMo-RL's ``ClippedPGLossFn`` (docs/algorithms.md, The loss) for every option
 of ``loss_fn.*`` (``grpo_sdk.core.config.LossConfig``). Per next-token position, with ``c`` the
 current, ``p`` the old ("prev"), ``g`` the generation and ``ref`` the reference logprobs, ``A`` the
 advantage and ``sg`` stop-gradient::

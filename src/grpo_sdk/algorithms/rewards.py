@@ -2,7 +2,8 @@
 
 Order in a step (as NeMo-RL's synchronous loop): scale -> shape -> triviality / dynamic
 sampling -> overlong filtering -> sequence logprob-error masking -> advantages -> clipping.
-Restated from shared/research/nemo-rl-reference.md §5.
+Restated in docs/algorithms.md (One step, in order); the differences from the seed are in
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def trivial_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tens
     """``[B]`` bool: True where every reward of the row's group is exactly equal.
 
     Exact equality, not ``std == 0``: a leave-one-out std is 0 for a lone success among
-    failures, which would split the group (the snapshot pitfall of nemo-rl-reference §5.4).
+    failures, which would split the group (the snapshot's pitfall, docs/decisions.md).
     """
     _, group = torch.unique(group_ids, return_inverse=True)
     size = int(group.max()) + 1 if group.numel() else 0

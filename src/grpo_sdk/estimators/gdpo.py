@@ -2,7 +2,7 @@
 
 Multi-reward training with plain GRPO sums the components first, so a component with a large spread
 drowns the others and distinct reward combinations collapse onto the same advantage. GDPO
-(arXiv:2601.05242; NeMo-RL's ``GDPOAdvantageEstimator``, shared/research/nemo-rl-reference.md §3.2)
+(arXiv:2601.05242; NeMo-RL's ``GDPOAdvantageEstimator``, docs/algorithms.md, Estimators)
 normalises each component inside its group first:
 
 1. the components are the ``reward_components`` extra, taken in the **alphabetical order of their

@@ -1,7 +1,7 @@
 """GRPO advantages: reward minus a per-group baseline, optionally divided by the group std.
 
 The math follows NeMo-RL's ``calculate_baseline_and_std_per_prompt`` and ``GRPOAdvantageEstimator``
-(restated in shared/research/nemo-rl-reference.md §2.2 and §3.1), vectorised over groups instead
+(restated in docs/algorithms.md, Estimators and Numerics), vectorised over groups instead
 of a Python loop over prompts:
 
 * group-mean baseline: ``b = mean of the group's valid rewards``, ``std`` = unbiased std;

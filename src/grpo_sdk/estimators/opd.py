@@ -1,6 +1,6 @@
 """On-policy distillation (MOPD) advantages: the teacher's minus the student's logprob, per token.
 
-Follows NeMo-RL's ``OPDAdvantageEstimator`` (shared/research/nemo-rl-reference.md §3.4; Eq. 8 of
+Follows NeMo-RL's ``OPDAdvantageEstimator`` (docs/algorithms.md, Estimators; Eq. 8 of
 arXiv:2601.02780). On the student's own samples, a token the teacher finds likelier than the student
 does gets a positive advantage, and an unlikely one a negative advantage:
 

@@ -1,6 +1,6 @@
 """REINFORCE++ advantages: a group-mean baseline, an optional per-token KL in the reward, then batch whitening.
 
-Follows NeMo-RL's ``ReinforcePlusPlusAdvantageEstimator`` (shared/research/nemo-rl-reference.md §3.3;
+Follows NeMo-RL's ``ReinforcePlusPlusAdvantageEstimator`` (docs/algorithms.md, Estimators;
 arXiv:2501.03262). With ``m`` the ``[B, S]`` mask (token mask times sample mask):
 
 1. ``a_i = r_i - mean_{G(i)} r`` when ``minus_baseline`` (the plain group mean, *not* leave-one-out;

@@ -3,7 +3,7 @@
 ``A_i = r_i - mean_{j in G(i), j != i} r_j`` with no std normalisation, broadcast over the row's
 tokens. This is exactly the ``grpo`` estimator with ``use_leave_one_out_baseline: true`` and
 ``normalize_rewards: false`` (NeMo-RL's ``calculate_baseline_and_std_per_prompt`` in LOO mode,
-shared/research/nemo-rl-reference.md §2.2), offered under its own name so a recipe can say what it
+docs/algorithms.md, Estimators), offered under its own name so a recipe can say what it
 means. Equivalently ``A_i = n/(n-1) * (r_i - mean_G r)``: the group-mean advantage scaled by the
 group's ``n/(n-1)``, which removes the bias of a baseline that includes the row's own reward.
 
