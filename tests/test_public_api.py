@@ -30,6 +30,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 PUBLIC_NAMES = [
     "AdvantageEstimator",
+    "Capability",
     "Checkpointable",
     "ComponentInfo",
     "ComponentSpec",

@@ -96,10 +96,10 @@ def test_the_broadcast_backend_follows_devices_and_placement():
 
 
 def test_both_transports_are_installed_entry_points(registry):
-    for name, capability in (("collective", "collective"), ("cuda_ipc", "cuda_ipc")):
+    for name in ("collective", "cuda_ipc"):
         info = registry.info("weight_sync", name)
         assert info is not None and info.ok, info
-        assert {capability, "ray_workers"} <= info.spec.capabilities
+        assert info.spec.capabilities == {"ray_workers"}  # what the config checks read
     assert "cuda_ipc" in registry.info("generation", "hf").spec.capabilities
 
 

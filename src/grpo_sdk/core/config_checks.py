@@ -21,6 +21,7 @@ import attrs
 
 from grpo_sdk.core import config as C
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+from grpo_sdk.core.capabilities import Capability
 
 
 def check_batch_shape(cfg: C.MasterConfig) -> list[tuple[str, str]]:
@@ -199,18 +200,18 @@ def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     info = registry.info("estimator", grpo.adv_estimator.name) if registry is not None else None
     capabilities = info.spec.capabilities if info is not None and info.spec is not None else frozenset()
     if info is not None and info.spec is not None:
-        if loss.use_kl_in_reward and "kl_in_reward" not in capabilities:
+        if loss.use_kl_in_reward and Capability.KL_IN_REWARD not in capabilities:
             problems.append(("loss_fn.use_kl_in_reward",
                              f"estimator {grpo.adv_estimator.name!r} does not fold a KL into its advantages, so the "
                              "KL penalty would silently vanish; use reinforce_plus_plus or unset it"))
-        if loss.seq_logprob_error_in_loss and "prev_logprobs" in capabilities:
+        if loss.seq_logprob_error_in_loss and Capability.PREV_LOGPROBS in capabilities:
             problems.append(("loss_fn.seq_logprob_error_in_loss",
                              f"skips the old-logprob pass that estimator {grpo.adv_estimator.name!r} needs"))
         teacher = cfg.on_policy_distillation.teacher_model
-        if "teacher_logprobs" in capabilities and not teacher:
+        if Capability.TEACHER_LOGPROBS in capabilities and not teacher:
             problems.append(("on_policy_distillation.teacher_model",
                              f"estimator {grpo.adv_estimator.name!r} needs a teacher model directory"))
-        if teacher and "teacher_logprobs" not in capabilities:
+        if teacher and Capability.TEACHER_LOGPROBS not in capabilities:
             problems.append(("on_policy_distillation.teacher_model",
                              f"is set, but estimator {grpo.adv_estimator.name!r} uses no teacher "
                              "(select grpo.adv_estimator.name=opd, or unset it)"))
@@ -230,7 +231,7 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     """Data, validation and checkpointing."""
     grpo, data, ckpt, problems = cfg.grpo, cfg.data, cfg.checkpointing, []
     info = registry.info("environment", cfg.env.name) if registry is not None else None
-    generates = info is not None and info.spec is not None and "generates_prompts" in info.spec.capabilities
+    generates = info is not None and info.spec is not None and Capability.GENERATES_PROMPTS in info.spec.capabilities
     if data.use_multiple_dataloader:
         if not data.datasets:
             problems.append(("data.datasets", "is empty, but data.use_multiple_dataloader is true"))
@@ -275,7 +276,7 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
 def uses_group_baseline(cfg: C.MasterConfig, info: Any) -> bool:
     """Estimators declare the ``group_baseline`` capability; reinforce_plus_plus has one only with
     ``minus_baseline`` (a capability cannot depend on the config, so it is read here)."""
-    if info.spec is not None and "group_baseline" in info.spec.capabilities:
+    if info.spec is not None and Capability.GROUP_BASELINE in info.spec.capabilities:
         return True
     est = cfg.grpo.adv_estimator
     if est.name == "reinforce_plus_plus" and info.dist == "grpo-sdk":
@@ -488,7 +489,7 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
     return problems
 
 
-def _capabilities(registry: Any, kind: str, name: str) -> frozenset[str]:
+def _capabilities(registry: Any, kind: str, name: str) -> frozenset[Capability]:
     info = registry.info(kind, name) if registry is not None else None
     return info.spec.capabilities if info is not None and info.spec is not None else frozenset()
 
@@ -497,7 +498,7 @@ def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[s
     """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
     cluster.runtime=ray. What else a transport needs it checks itself (``ComponentSpec.check``)."""
     name = cfg.weight_sync.backend
-    if "ray_workers" in _capabilities(registry, "weight_sync", name) and cfg.cluster.runtime != "ray":
+    if Capability.RAY_WORKERS in _capabilities(registry, "weight_sync", name) and cfg.cluster.runtime != "ray":
         return [("weight_sync.backend", f"{name!r} moves weights between Ray workers: it needs "
                  "cluster.runtime=ray. In one process use weight_sync.backend=inprocess (or disk)")]
     return []

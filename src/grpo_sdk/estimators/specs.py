@@ -59,7 +59,7 @@ GDPO = ComponentSpec(
     kind="estimator",
     impl="grpo_sdk.estimators.gdpo:GDPOEstimator",
     config="grpo_sdk.estimators.specs:GDPOEstimatorConfig",
-    capabilities={"reward_components", "group_baseline"},
+    capabilities={"group_baseline"},
     summary="Multi-reward: one GRPO advantage per reward component, weighted sum, whitened over the batch.",
 )
 

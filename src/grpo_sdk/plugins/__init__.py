@@ -31,6 +31,7 @@ A minimal third-party estimator package::
     median = "acme_estimators.spec:SPEC"
 """
 
+from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.config import option
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import (
@@ -85,6 +86,7 @@ from grpo_sdk.plugins.specs import (
 
 __all__ = [
     "AdvantageEstimator",
+    "Capability",
     "Checkpointable",
     "ComponentInfo",
     "ComponentSpec",

@@ -31,6 +31,8 @@ from typing import Literal
 
 import attrs
 
+from grpo_sdk.core.capabilities import Capability, to_capabilities
+
 PLUGIN_API_VERSION = 1
 """The plugin API major this grpo-sdk implements; a spec's ``api`` must be in SUPPORTED_PLUGIN_APIS."""
 
@@ -62,6 +64,10 @@ def _check_name(instance, attribute, value: str) -> None:
         raise ValueError(f"component name {value!r} must match {_NAME_RE.pattern}")
 
 
+def _check_capability_kinds(instance, attribute, value: frozenset[Capability]) -> None:
+    to_capabilities(value, instance.kind)  # raises for one that is another kind's
+
+
 def _check_target(instance, attribute, value: str | None) -> None:
     if value is not None and not _TARGET_RE.match(value):
         raise ValueError(f"{attribute.name}={value!r} must look like 'package.module:Attribute'")
@@ -86,8 +92,11 @@ class ComponentSpec:
     """The grpo-sdk extra that installs ``requires``: gives ``pip install 'grpo-sdk[extra]'``."""
     api: int = PLUGIN_API_VERSION
     """The plugin API major this spec was written against."""
-    capabilities: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
-    """Free-form flags checked at config time, e.g. ``{"colocated", "cuda_ipc"}``."""
+    capabilities: frozenset[Capability] = attrs.field(default=frozenset(), converter=to_capabilities,
+                                                      validator=_check_capability_kinds)
+    """What config checks and the loop must know about the component, e.g. ``{"generates_prompts"}``:
+    ``Capability`` members or their names; an unknown name, or one for another kind, is an error
+    that lists the valid ones (docs/plugins.md, "Capabilities")."""
     metrics: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     """Names of the metrics the component reports (an environment's ``EnvironmentReturn.metrics``
     keys); when declared, ``val:<name>`` in a config is checked against them at config time."""
@@ -132,7 +141,7 @@ class ComponentInfo:
             "requires": list(spec.requires) if spec else [],
             "extra": spec.extra if spec else None,
             "api": spec.api if spec else None,
-            "capabilities": sorted(spec.capabilities) if spec else [],
+            "capabilities": sorted(c.value for c in spec.capabilities) if spec else [],
             "summary": spec.summary if spec else "",
             "problem": self.problem,
             "hint": self.hint,

@@ -46,6 +46,7 @@ from grpo_sdk.algorithms.rewards import (
     shape_rewards,
     trivial_groups,
 )
+from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.config import MasterConfig, plugin_config
 from grpo_sdk.core.config_checks import parse_duration
 from grpo_sdk.core.config_loader import to_yaml
@@ -196,7 +197,7 @@ class GRPOTrainer:
         # What the step needs beyond rewards follows from the config and the estimator's declared
         # capabilities, never from its name.
         needs = self.registry.get("estimator", cfg.grpo.adv_estimator.name).capabilities
-        teacher = self._open(self._build_teacher(runtime, context)) if "teacher_logprobs" in needs else None
+        teacher = self._open(self._build_teacher(runtime, context)) if Capability.TEACHER_LOGPROBS in needs else None
         gen = cfg.policy.generation
         max_prompt_tokens = cfg.data.max_input_seq_length or (cfg.policy.max_total_sequence_length - gen.max_new_tokens)
         in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None

@@ -8,13 +8,12 @@ import attrs
 
 from grpo_sdk.plugins import option
 from grpo_sdk.plugins.toolkit import non_negative, positive
-from grpo_sdk.plugins import ComponentSpec
+from grpo_sdk.plugins import Capability, ComponentSpec
 
 INPROCESS = ComponentSpec(
     name="inprocess",
     kind="weight_sync",
     impl="grpo_sdk.weight_sync.inprocess:InProcessWeightSync",
-    capabilities={"inprocess"},
     summary="Hands the policy's tensors to the generation backend in the same process.",
 )
 
@@ -33,7 +32,6 @@ DISK = ComponentSpec(
     kind="weight_sync",
     impl="grpo_sdk.weight_sync.disk:DiskWeightSync",
     config="grpo_sdk.weight_sync.specs:DiskWeightSyncConfig",
-    capabilities={"disk"},
     summary="The policy writes its weights as safetensors; every generation replica reloads them.",
 )
 
@@ -60,7 +58,7 @@ COLLECTIVE = ComponentSpec(
     impl="grpo_sdk.weight_sync.collective:CollectiveWeightSync",
     config="grpo_sdk.weight_sync.specs:CollectiveWeightSyncConfig",
     check="grpo_sdk.weight_sync.specs:check_collective",
-    capabilities={"collective", "ray_workers"},
+    capabilities={"ray_workers"},
     summary="Ray: policy rank 0 broadcasts its weights to every generation replica over a torch.distributed group.",
 )
 
@@ -80,7 +78,7 @@ CUDA_IPC = ComponentSpec(
     impl="grpo_sdk.weight_sync.cuda_ipc:CudaIPCWeightSync",
     config="grpo_sdk.weight_sync.specs:CudaIPCWeightSyncConfig",
     check="grpo_sdk.weight_sync.specs:check_cuda_ipc",
-    capabilities={"cuda_ipc", "ray_workers"},
+    capabilities={"ray_workers"},
     summary="Ray, GPUs, colocated: each generation replica copies the weights of the policy rank on its GPU "
             "through CUDA IPC handles (no copy through host memory).",
 )
@@ -118,7 +116,7 @@ def check_cuda_ipc(config: Any, options: CudaIPCWeightSyncConfig, registry: Any)
                        f"<= cluster.policy_workers ({c.policy_workers})")
     generation = config.policy.generation.backend
     info = registry.info("generation", generation) if registry is not None else None
-    if info is not None and info.spec is not None and "cuda_ipc" not in info.spec.capabilities:
+    if info is not None and info.spec is not None and Capability.CUDA_IPC not in info.spec.capabilities:
         missing.append(f"a generation backend that declares the cuda_ipc capability ({generation!r} does not)")
     if not missing:
         return []

@@ -8,7 +8,7 @@ GENERATION = ComponentSpec(
     impl="grpo_sdk.backends.hf.generation:HFGeneration",
     config="grpo_sdk.backends.hf.config:HFGenerationConfig",
     requires=("torch", "transformers"),
-    capabilities={"colocated", "inprocess", "disk", "cuda_ipc"},
+    capabilities={"cuda_ipc"},
     summary="Batched KV-cache sampling with transformers models (CPU or one GPU).",
 )
 
@@ -18,6 +18,5 @@ POLICY = ComponentSpec(
     impl="grpo_sdk.backends.hf.policy:HFPolicy",
     config="grpo_sdk.backends.hf.config:HFPolicyConfig",
     requires=("torch", "transformers"),
-    capabilities={"colocated", "inprocess"},
     summary="Training of transformers causal LMs: micro-batches, AdamW, grad clipping, LR schedule.",
 )

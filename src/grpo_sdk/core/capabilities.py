@@ -1,0 +1,96 @@
+"""Capabilities: what a component's spec declares so that config checks and the loop know, without
+importing the component, what it needs or offers. Each one is read somewhere (named below); a
+capability nothing reads is not one (docs/plugins.md, "Capabilities").
+
+``ComponentSpec(capabilities=...)`` takes members or their string values (``{"generates_prompts"}``)
+and refuses an unknown name, or one declared on a kind it does not apply to, with the valid ones.
+
+Example::
+
+    from grpo_sdk.plugins import Capability, ComponentSpec
+
+    SPEC = ComponentSpec(name="countdown", kind="environment", impl="acme.countdown:Countdown",
+                         capabilities={Capability.GENERATES_PROMPTS})
+    "generates_prompts" in SPEC.capabilities      # True: a StrEnum member equals its value
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from typing import Iterable
+
+
+class Capability(enum.StrEnum):
+    GENERATES_PROMPTS = "generates_prompts"
+    """environment: implements ``PromptSampler``, so a run needs no ``data.train_path`` (or
+    ``data.validation_path``). Read by the config checks (a dataset is then optional) and the
+    contract kit (``sample_prompts`` must be there)."""
+    GROUP_BASELINE = "group_baseline"
+    """estimator: subtracts a baseline computed over each prompt's group, so
+    ``grpo.num_generations_per_prompt=1`` gives all-zero advantages: a config error. Read by the
+    config checks."""
+    KL_IN_REWARD = "kl_in_reward"
+    """estimator: folds the KL penalty into the reward itself; ``loss_fn.use_kl_in_reward=true``
+    requires it. Read by the config checks."""
+    PREV_LOGPROBS = "prev_logprobs"
+    """estimator: needs the training engine's logprobs of the sampled tokens (``prev_logprobs`` in
+    ``compute_advantages``' extras), and so cannot be combined with
+    ``loss_fn.seq_logprob_error_in_loss``. Read by the config checks."""
+    TEACHER_LOGPROBS = "teacher_logprobs"
+    """estimator: needs a teacher model's logprobs (``teacher_logprobs`` in the extras); the run
+    builds the teacher (``on_policy_distillation.teacher_model``, required) only for such an
+    estimator. Read by the config checks and the trainer."""
+    RAY_WORKERS = "ray_workers"
+    """weight_sync: runs its own code in the Ray worker groups (``WorkerGroup``), so it needs
+    ``cluster.runtime=ray``. Read by the config checks."""
+    CUDA_IPC = "cuda_ipc"
+    """generation: can load weights from CUDA IPC handles in its own process (the ``cuda_ipc``
+    transport's ``update_weights`` path). Read by the ``cuda_ipc`` transport's config check."""
+
+
+CAPABILITY_KINDS: dict[Capability, str] = {
+    Capability.GENERATES_PROMPTS: "environment",
+    Capability.GROUP_BASELINE: "estimator",
+    Capability.KL_IN_REWARD: "estimator",
+    Capability.PREV_LOGPROBS: "estimator",
+    Capability.TEACHER_LOGPROBS: "estimator",
+    Capability.RAY_WORKERS: "weight_sync",
+    Capability.CUDA_IPC: "generation",
+}
+"""The component kind each capability applies to."""
+
+REMOVED_CAPABILITIES: dict[str, str] = {
+    "colocated": "every backend may be colocated (policy.generation.colocated.enabled); nothing read it",
+    "inprocess": "every generation backend takes update_weights; nothing read it",
+    "disk": "the disk transport works with every backend; implement WeightFileLoader to read the file yourself",
+    "sleep": "a backend releases memory in finish_generation; nothing read it",
+    "collective": "the transport's own name; ray_workers says what it needs",
+    "reward_components": "every estimator gets reward_components in its extras; nothing read it",
+}
+"""Capabilities earlier releases declared and nothing read: accepted with a DeprecationWarning and
+dropped, so a plugin that copied them keeps loading (removed in 1.0, docs/compatibility.md)."""
+
+
+def to_capabilities(values: Iterable[str], kind: str | None = None) -> frozenset[Capability]:
+    """``values`` as members; a removed name warns and is dropped, an unknown one (or one for
+    another kind) is a ``ValueError`` that lists the valid ones."""
+    if isinstance(values, str):
+        raise ValueError(f"capabilities must be a set of names, not the string {values!r}")
+    out = set()
+    for value in values:
+        if value in REMOVED_CAPABILITIES and not isinstance(value, Capability):
+            warnings.warn(f"capability {value!r} is deprecated and ignored ({REMOVED_CAPABILITIES[value]}); "
+                          "drop it from the spec", DeprecationWarning, stacklevel=4)
+            continue
+        try:
+            capability = Capability(value)
+        except ValueError:
+            valid = ", ".join(sorted(c.value for c in Capability))
+            raise ValueError(f"unknown capability {value!r}; the valid ones: {valid}") from None
+        if kind is not None and CAPABILITY_KINDS[capability] != kind:
+            valid = ", ".join(sorted(c.value for c, k in CAPABILITY_KINDS.items() if k == kind)) or "none"
+            raise ValueError(f"capability {capability.value!r} is for {CAPABILITY_KINDS[capability]} components, not "
+                             f"{kind} ones (valid for {kind}: {valid})")
+        out.add(capability)
+    return frozenset(out)
