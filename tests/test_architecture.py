@@ -118,3 +118,37 @@ def test_built_in_components_import_only_the_public_plugin_api():
                          f"{', '.join('grpo_sdk.plugins.' + m for m in PUBLIC_PLUGIN_SUBMODULES)}); they import:\n"
                          + "\n".join(outside))
 
+
+
+def test_the_kinds_table_is_the_only_list_of_kinds():
+    """core.kinds declares each kind once; the entry-point groups, labels, kit selectors and
+    protocols, the scaffold's config blocks and the config's pluggable sections all follow it."""
+    import attrs
+
+    from grpo_sdk.cli import scaffold
+    from grpo_sdk.core import config as C
+    from grpo_sdk.core.kinds import COMPONENT_KINDS
+    from grpo_sdk.plugins import KINDS
+    from grpo_sdk.plugins.registry import KIND_LABELS
+    from grpo_sdk.testing import PROTOCOLS, SELECTORS
+
+    names = [kind.name for kind in COMPONENT_KINDS]
+    assert list(KINDS) == list(KIND_LABELS) == list(SELECTORS) == list(PROTOCOLS) == names
+
+    def slots(cls: type, prefix: str = "") -> dict[str, C.PluginSlot]:
+        found = {}
+        for field in attrs.fields(attrs.resolve_types(cls)):
+            inner = field.type
+            if isinstance(inner, type) and attrs.has(inner):
+                slot = getattr(inner, "__plugin__", None)
+                if slot is not None:
+                    found[prefix + field.name] = slot
+                found.update(slots(inner, f"{prefix}{field.name}."))
+        return found
+
+    sections = slots(C.MasterConfig)
+    assert {kind.section: (kind.name, kind.selector, kind.many) for kind in COMPONENT_KINDS} == \
+        {path: (slot.kind, slot.selector, slot.many) for path, slot in sections.items()}
+    for kind in COMPONENT_KINDS:
+        assert isinstance(kind.protocol, type) and kind.protocol.__name__ == kind.protocol_name
+        assert scaffold.cli_selection(kind.name, "acme").split("=")[0].strip("'") == kind.selector_key

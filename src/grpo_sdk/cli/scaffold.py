@@ -28,6 +28,7 @@ from string import Template
 
 import attrs
 
+from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.plugins.registry import KIND_LABELS
 from grpo_sdk.plugins.specs import KINDS, PLUGIN_API_VERSION
 
@@ -132,12 +133,11 @@ def load_template(kind: str, template: str = DEFAULT_TEMPLATE) -> KindTemplate:
     return KindTemplate(**data)
 
 
-# Where each kind's block lives in a run config, and how `grpoctl run` selects it.
-_BLOCKS = {"generation": "policy.generation", "policy": "policy", "estimator": "grpo.adv_estimator",
-           "environment": "env", "weight_sync": "weight_sync", "logger": "logger"}
-_CLI = {"generation": "policy.generation.backend=$name", "policy": "policy.backend=$name",
-        "estimator": "grpo.adv_estimator.name=$name", "environment": "env.name=$name",
-        "weight_sync": "weight_sync.backend=$name", "logger": "'logger.loggers=[jsonl,$name]'"}
+# Where each kind's block lives in a run config, and how `grpoctl run` selects it (a logger is
+# added beside jsonl, so the project's example run still writes metrics.jsonl).
+_BLOCKS = {kind.name: kind.section for kind in COMPONENT_KINDS}
+_CLI = {kind.name: f"'{kind.selector_key}=[jsonl,$name]'" if kind.many else f"{kind.selector_key}=$name"
+        for kind in COMPONENT_KINDS}
 
 
 def cli_selection(kind: str, name: str) -> str:

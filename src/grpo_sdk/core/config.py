@@ -27,6 +27,8 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
+from grpo_sdk.core.kinds import KIND
+
 
 def option(default: Any = attrs.NOTHING, help: str = "", *, factory: Any = None, validator: Any = None) -> Any:
     """An attrs field with its documentation attached (``grpoctl config schema`` prints it)."""
@@ -74,6 +76,12 @@ class PluginSlot:
     selector: str
     many: bool = False  # the selector holds a list of names (loggers)
 
+    @classmethod
+    def of(cls, kind: str) -> PluginSlot:
+        """The slot of ``kind``, as the kinds table (``core.kinds``) declares it."""
+        entry = KIND[kind]
+        return cls(kind=kind, selector=entry.selector, many=entry.many)
+
 
 positive = v.gt(0)
 non_negative = v.ge(0)
@@ -107,7 +115,7 @@ def _betas(instance: Any, attribute: Any, value: tuple[float, float]) -> None:
 
 @attrs.frozen(kw_only=True)
 class AdvEstimatorConfig:
-    __plugin__ = PluginSlot(kind="estimator", selector="name")
+    __plugin__ = PluginSlot.of("estimator")
 
     name: str = option("grpo", "Advantage estimator, a name in the grpo_sdk.estimators group.")
     raw_blocks: dict[str, Any] = _raw_blocks()
@@ -270,7 +278,7 @@ class ColocatedConfig:
 
 @attrs.frozen(kw_only=True)
 class GenerationConfig:
-    __plugin__ = PluginSlot(kind="generation", selector="backend")
+    __plugin__ = PluginSlot.of("generation")
 
     backend: str = option("hf", "Generation backend, a name in the grpo_sdk.generation group.")
     max_new_tokens: int = option(512, "Most tokens sampled per response.", validator=token_count)
@@ -288,7 +296,7 @@ class GenerationConfig:
 
 @attrs.frozen(kw_only=True)
 class PolicyConfig:
-    __plugin__ = PluginSlot(kind="policy", selector="backend")
+    __plugin__ = PluginSlot.of("policy")
 
     model_name: str = option(help="Model directory or hub name; `builtin:tiny-gpt2` builds the tiny "
                              "built-in model locally.")
@@ -352,7 +360,7 @@ class DataConfig:
 
 @attrs.frozen(kw_only=True)
 class EnvConfig:
-    __plugin__ = PluginSlot(kind="environment", selector="name")
+    __plugin__ = PluginSlot.of("environment")
 
     name: str = option("reverse_digits", "Environment that scores responses, a name in the "
                        "grpo_sdk.environments group.")
@@ -375,7 +383,7 @@ class EnvConfig:
 
 @attrs.frozen(kw_only=True)
 class WeightSyncConfig:
-    __plugin__ = PluginSlot(kind="weight_sync", selector="backend")
+    __plugin__ = PluginSlot.of("weight_sync")
 
     backend: str = option("inprocess", "Weight-sync transport, a name in the grpo_sdk.weight_sync group.")
     raw_blocks: dict[str, Any] = _raw_blocks()
@@ -384,7 +392,7 @@ class WeightSyncConfig:
 
 @attrs.frozen(kw_only=True)
 class LoggerConfig:
-    __plugin__ = PluginSlot(kind="logger", selector="loggers", many=True)
+    __plugin__ = PluginSlot.of("logger")
 
     log_dir: str = option("runs", "Parent directory of run directories (grpoctl run --run-dir overrides).")
     loggers: list[str] = option(factory=lambda: ["jsonl"], help="Metric sinks, names in the grpo_sdk.loggers group.")

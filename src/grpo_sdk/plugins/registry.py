@@ -27,16 +27,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from grpo_sdk.core.errors import PluginError
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.plugins.host import HookPluginInfo, PluginHost, describe_exception, strict_plugins
+from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.plugins.specs import KINDS, SUPPORTED_PLUGIN_APIS, ComponentInfo, ComponentSpec
 
-KIND_LABELS = {
-    "generation": "generation backend",
-    "policy": "policy backend",
-    "estimator": "advantage estimator",
-    "environment": "environment",
-    "weight_sync": "weight-sync transport",
-    "logger": "logger",
-}
+KIND_LABELS = {kind.name: kind.label for kind in COMPONENT_KINDS}
 
 
 def _unmet(text: str) -> str | None:

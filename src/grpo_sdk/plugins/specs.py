@@ -31,6 +31,8 @@ from typing import Literal
 
 import attrs
 
+from grpo_sdk.core.kinds import COMPONENT_KINDS
+
 from grpo_sdk.core.capabilities import Capability, to_capabilities
 
 PLUGIN_API_VERSION = 1
@@ -40,15 +42,8 @@ SUPPORTED_PLUGIN_APIS = frozenset({1})
 
 Kind = Literal["generation", "policy", "estimator", "environment", "weight_sync", "logger"]
 
-KINDS: dict[str, str] = {
-    "generation": "grpo_sdk.generation",
-    "policy": "grpo_sdk.policy",
-    "estimator": "grpo_sdk.estimators",
-    "environment": "grpo_sdk.environments",
-    "weight_sync": "grpo_sdk.weight_sync",
-    "logger": "grpo_sdk.loggers",
-}
-"""Component kind -> entry-point group."""
+KINDS: dict[str, str] = {kind.name: kind.group for kind in COMPONENT_KINDS}
+"""Component kind -> entry-point group (derived from ``core.kinds.COMPONENT_KINDS``)."""
 
 HOOKS_GROUP = "grpo_sdk.hooks"
 """Entry-point group of pluggy hook modules (observers, CLI commands, config sections)."""

@@ -70,6 +70,7 @@ import attrs
 
 from grpo_sdk.core import protocols
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
 from grpo_sdk.plugins.specs import KINDS, ComponentSpec
 
@@ -86,24 +87,11 @@ __all__ = [
     "run_training",
 ]
 
-SELECTORS: dict[str, str] = {
-    "generation": "policy.generation.backend",
-    "policy": "policy.backend",
-    "estimator": "grpo.adv_estimator.name",
-    "environment": "env.name",
-    "weight_sync": "weight_sync.backend",
-    "logger": "logger.loggers",
-}
+SELECTORS: dict[str, str] = {kind.name: kind.selector_key for kind in COMPONENT_KINDS}
 """Component kind -> the config key that selects it (``logger.loggers`` is a list)."""
 
-PROTOCOLS: dict[str, type] = {
-    "generation": protocols.Generation,
-    "policy": protocols.Policy,
-    "estimator": protocols.AdvantageEstimator,
-    "environment": protocols.Environment,
-    "weight_sync": protocols.WeightSync,
-    "logger": protocols.Logger,
-}
+PROTOCOLS: dict[str, type] = {kind.name: kind.protocol for kind in COMPONENT_KINDS}
+"""Component kind -> the protocol its implementation must satisfy."""
 
 # The run ``run_training`` makes: the built-in recipe, small, on the CPU, with nothing but training.
 SMALL_RUN = (
