@@ -40,7 +40,10 @@ def structurer_for(registry: Any) -> Structurer:
     """The registry's Structurer, made once: cattrs generates a structuring function per class (about
     0.5 ms each, 4x the cost of structuring a config), and a converter keeps them."""
     sections = {s.name: s.config for s in registry.host.config_sections()}
-    by_sections = _STRUCTURERS.setdefault(registry, {})
+    try:
+        by_sections = _STRUCTURERS.setdefault(registry, {})
+    except TypeError:  # a registry stand-in that takes no weak reference: no cache
+        return Structurer(registry, sections)
     key = tuple(sorted(sections.items()))
     if key not in by_sections:  # a proxy: the cache must not keep the registry alive
         by_sections[key] = Structurer(weakref.proxy(registry), sections)
