@@ -156,7 +156,7 @@ def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer, caplog):
     limit = len(tokenizer(LONG_ROWS[5]["prompt"])["input_ids"])
     with caplog.at_level(logging.WARNING, logger="grpo_sdk.trainer.data"):
         source = D.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, limit)
-    assert source.num_filtered == 4 and len(source.prompts) == 6
+    assert len(source.prompts) == 6
     assert sorted(p.metadata["k"] for p in source.prompts) == [0, 1, 2, 3, 4, 5]
     assert "dropped 4 of 10 prompts longer than" in caplog.text and "d.jsonl line 7" in caplog.text
     with pytest.raises(DataError, match="every prompt of .* is longer than 2 tokens"):

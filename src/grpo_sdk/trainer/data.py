@@ -224,8 +224,9 @@ def encode_texts(builder: PromptBuilder, texts: list[str],
 
 def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, max_prompt_tokens: int | None,
                  filter_long: bool, num_workers: int = 1, key: str = "data.train_path",
-                 label: str = "") -> tuple[list[Prompt], int]:
-    """Every prompt of a dataset, checked, templated and tokenized; and how many were too long (dropped)."""
+                 label: str = "") -> list[Prompt]:
+    """Every prompt of a dataset, checked, templated and tokenized (too long ones dropped with a
+    warning that counts them, when ``filter_long``)."""
     texts, metadata, sources = [], [], []
     for where, row in read_rows(path):
         if not isinstance(row, dict):
@@ -257,7 +258,7 @@ def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, m
                     path, len(too_long), len(texts), max_prompt_tokens, too_long[0])
     if not prompts:
         raise DataError(f"{key}: every prompt of {path} is longer than {max_prompt_tokens} tokens {TOO_LONG_HINT}")
-    return prompts, len(too_long)
+    return prompts
 
 
 # --- prompt sources -------------------------------------------------------------------------------
@@ -273,13 +274,11 @@ def _fingerprint(prompts: Sequence[Prompt]) -> str:
 class DatasetPrompts:
     """Prompts of a finite dataset, in a fresh permutation every epoch; ``epoch`` counts completed passes."""
 
-    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int, salt: str = "train",
-                 num_filtered: int = 0):
+    def __init__(self, prompts: list[Prompt], *, shuffle: bool, seed: int, salt: str = "train"):
         self.prompts = prompts
         self.shuffle = shuffle
         self.seed = seed
         self.salt = salt  # tells apart the datasets of a mixture, so they are not shuffled alike
-        self.num_filtered = num_filtered
         self.fingerprint = _fingerprint(prompts)
         self.epoch = 0
         self.position = 0
@@ -337,10 +336,6 @@ class MixturePrompts:
     def epoch(self) -> int:
         return min(p.epoch for p in self.parts)
 
-    @property
-    def num_filtered(self) -> int:
-        return sum(p.num_filtered for p in self.parts)
-
     def next_prompts(self, count: int) -> list[Prompt]:
         out = []
         for _ in range(count):
@@ -377,7 +372,6 @@ class EnvironmentPrompts:
         self.max_prompt_tokens = max_prompt_tokens
         self.epoch = 0
         self.count = 0
-        self.num_filtered = 0
 
     def next_prompts(self, count: int) -> list[Prompt]:
         drawn = list(self.environment.sample_prompts(count, self.rng))
@@ -431,17 +425,16 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
     if data.use_multiple_dataloader:
         parts = []
         for i, ds in enumerate(data.datasets):
-            prompts, dropped = load_prompts(ds.path, prompt_key=ds.prompt_key or data.prompt_key, **options,
-                                            key=f"data.datasets[{i}].path", label=f" (data.datasets[{i}])")
-            parts.append(DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, salt=f"train{i}",
-                                        num_filtered=dropped))
+            prompts = load_prompts(ds.path, prompt_key=ds.prompt_key or data.prompt_key, **options,
+                                   key=f"data.datasets[{i}].path", label=f" (data.datasets[{i}])")
+            parts.append(DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, salt=f"train{i}"))
         _check_step_fits(cfg, sum(len(p.prompts) for p in parts), "data.datasets",
                          ", ".join(ds.path for ds in data.datasets))
         return MixturePrompts(parts, [ds.weight for ds in data.datasets])
     if data.train_path:
-        prompts, dropped = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
+        prompts = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
         _check_step_fits(cfg, len(prompts), "data.train_path", data.train_path)
-        return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, num_filtered=dropped)
+        return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed)
     if isinstance(environment, PromptSampler):
         return EnvironmentPrompts(environment, cfg.env.name, seed=seed, builder=builder,
                                   max_prompt_tokens=max_prompt_tokens)
@@ -468,9 +461,9 @@ def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
     data, limit = cfg.data, cfg.grpo.max_val_samples
     builder = make_builder(data, tokenizer)
     if data.validation_path:
-        prompts, _ = load_prompts(data.validation_path, prompt_key=data.prompt_key, builder=builder,
-                                  max_prompt_tokens=max_prompt_tokens, filter_long=data.filter_long_prompts,
-                                  num_workers=data.num_workers, key="data.validation_path")
+        prompts = load_prompts(data.validation_path, prompt_key=data.prompt_key, builder=builder,
+                               max_prompt_tokens=max_prompt_tokens, filter_long=data.filter_long_prompts,
+                               num_workers=data.num_workers, key="data.validation_path")
         return prompts[:limit]
     if isinstance(environment, PromptSampler):
         stream = EnvironmentPrompts(environment, f"{cfg.env.name} validation", seed=f"{cfg.grpo.seed}:validation",
