@@ -1,7 +1,6 @@
 """GRPO baseline, std and advantages against NeMo-RL's upstream numbers, plus properties.
 
-The expected values are the upstream test cases restated in
-shared/research/nemo-rl-reference.md §2.2 and §3.1.
+The expected values are NeMo-RL's own unit-test cases (the math: docs/algorithms.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The rloo, gdpo, reinforce_plus_plus and opd estimators against NeMo-RL's numbers, plus properties.
 
-Upstream cases are restated in shared/research/nemo-rl-reference.md §2.2 and §3.2-§3.4; where upstream
+Upstream cases are NeMo-RL's own unit-test inputs (the math: docs/algorithms.md); where upstream
 only asserts a sign or a shape, the exact value its code gives is pinned too.
 """
 

@@ -1,7 +1,7 @@
 """The clipped policy-gradient loss against NeMo-RL's upstream numbers, its config checks, masking,
 and micro-batch invariance of the loss, its gradient and its metrics.
 
-Upstream cases (shared/research/nemo-rl-reference.md §4.4) use one row of 4 tokens with
+Upstream cases (NeMo-RL's loss-function unit tests; the math: docs/algorithms.md) use one row of 4 tokens with
 token_mask [0, 1, 1, 1]; our tensors are input-aligned, so column 0 is the prompt token.
 """
 

@@ -43,7 +43,7 @@ def reference(rewards: list[float], group_ids: list[int], valid: list[bool], *, 
               normalize: bool) -> tuple[list[float], list[float], list[float]]:
     """``(baseline, std, advantage)`` per row, group by group, in Fractions.
 
-    The semantics are NeMo-RL's (shared/research/nemo-rl-reference.md §2.2) with the decisions of
+    The semantics are NeMo-RL's (docs/algorithms.md) with the decisions of
     docs/decisions.md: an invalid row's leave-one-out baseline is the valid sum over n_valid - 1
     (upstream's value), its std 0.
     """

@@ -1,4 +1,4 @@
-"""The reward pipeline against NeMo-RL's upstream numbers (nemo-rl-reference.md §2.4, §5)."""
+"""The reward pipeline against NeMo-RL's upstream numbers (the cases of its unit tests; the math: docs/algorithms.md)."""
 
 from __future__ import annotations
 
