@@ -12,7 +12,6 @@ import json
 import math
 import os
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -306,7 +305,6 @@ def test_training_run_with_every_logger(tmp_path, monkeypatch):
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [1, 2, 3]
 
-    report = subprocess.run([*grpoctl, "report", str(run_dir)], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    report = run_grpoctl("report", run_dir, cwd=tmp_path, env=env, timeout=120)
     assert report.returncode == 0, report.stderr
     assert (run_dir / "report" / "reward.png").is_file() and (run_dir / "report" / "report.md").is_file()

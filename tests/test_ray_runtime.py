@@ -225,7 +225,7 @@ def test_a_killed_worker_stops_the_run_naming_it_and_the_last_checkpoint_resumes
     def kill_during_step_4(step, metrics):
         seen[step] = metrics
         if step == 3:
-            group = getattr(trainer, role)
+            group = getattr(trainer.components, role)
             call = getattr(group, method)
 
             def killed(*args, **kwargs):
@@ -237,7 +237,7 @@ def test_a_killed_worker_stops_the_run_naming_it_and_the_last_checkpoint_resumes
     start = time.monotonic()
     with pytest.raises(WorkerError) as info:
         train(trainer, kill_during_step_4)
-    worker = getattr(trainer, role).workers[index]
+    worker = getattr(trainer.components, role).workers[index]
     assert info.value.worker == f"{role} worker {index} (pid {worker.pid})"
     assert info.value.call == f"{method}()"
     assert str(info.value).startswith(f"{info.value.worker} died during {method}() after ")

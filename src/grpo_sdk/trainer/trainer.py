@@ -324,15 +324,14 @@ class GRPOTrainer:
             if on_step is not None:
                 on_step(step, metrics)
             slowest_step = max(slowest_step, time.perf_counter() - tick)
-            stop = (RunStatus.INTERRUPTED if STOP.requested
-                    else RunStatus.EARLY_STOP if validated and reached(grpo, self.state.validation)
-                    else RunStatus.DEADLINE if deadline is not None
-                    and time.perf_counter() - start + 2 * slowest_step > deadline
-                    else None)
-            if step % ckpt.save_period == 0 or stop is not None:
+            early = validated and reached(grpo, self.state.validation)
+            late = deadline is not None and time.perf_counter() - start + 2 * slowest_step > deadline
+            if step % ckpt.save_period == 0 or early or late or STOP.requested:
                 self._save(metrics)
-            if stop is not None:
-                return stop
+            # Asked after the save too: a signal that lands while it writes stops the run at this step.
+            if STOP.requested or early or late:
+                return RunStatus.INTERRUPTED if STOP.requested else RunStatus.EARLY_STOP if early \
+                    else RunStatus.DEADLINE
         if grpo.val_at_end and self.components.val_prompts and self.state.step \
                 and self.validated_step != self.state.step:  # the run ended by epochs, not steps
             self._log(self.state.step, self._validation_metrics(self.state.step))
