@@ -12,8 +12,9 @@ import attrs
 import pytest
 import yaml
 
+from conftest import config_problems
 from grpo_sdk.core import config as C
-from grpo_sdk.core.config_loader import check_config, dump_config, load_config, to_yaml
+from grpo_sdk.core.config_loader import BUILTIN_RECIPE, check_config, dump_config, load_config, to_yaml
 from grpo_sdk.core.errors import ConfigError, ExitCode, PluginError
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
@@ -525,3 +526,35 @@ class _Outer:
 
 def test_documentation_check_flags_undocumented_fields():
     assert undocumented_options(_Outer) == ["inner.a", "b"]
+
+
+# --- YAML 1.1 booleans and ~key typos --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "y", "n", "Yes", "OFF"])
+def test_yaml_1_1_words_are_not_booleans(registry, word):
+    # PyYAML reads these as booleans; a config option that wants one takes only true or false.
+    found = config_problems(registry, f"data.shuffle={word}")
+    assert f"expected true or false, got '{word}'" in found["data.shuffle"]
+
+
+def test_true_and_false_are_booleans_in_files_and_overrides(registry, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  shuffle: False\n  filter_long_prompts: TRUE\n")
+    cfg = load_config([str(BUILTIN_RECIPE), str(recipe)], [], registry)
+    assert cfg.data.shuffle is False and cfg.data.filter_long_prompts is True
+    assert load_config(None, ["data.shuffle=true"], registry).data.shuffle is True
+
+
+def test_a_string_option_keeps_yes_as_text(registry, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  system_prompt: yes\n")
+    assert load_config([str(BUILTIN_RECIPE), str(recipe)], [], registry).data.system_prompt == "yes"
+
+
+def test_resetting_a_key_the_config_does_not_have_is_an_error(registry):
+    found = config_problems(registry, "grpo.seed=5", "~grpo.seeed")
+    assert "is not a key of this config" in found["~grpo.seeed"] and "did you mean ~grpo.seed?" in found["~grpo.seeed"]
+    cfg = load_config(None, ["grpo.seed=5", "~grpo.seed"], registry)
+    assert cfg.grpo.seed == load_config(None, [], registry).grpo.seed != 5
+    assert load_config(None, ["~policy.generation.hf.compile"], registry).policy.generation.backend == "hf"

@@ -13,6 +13,7 @@ second key silently). What comes out is plain data; ``grpo_sdk.core.config_loade
 from __future__ import annotations
 
 import copy
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,15 @@ class _StrictLoader(yaml.SafeLoader):
                     None, None, f"key {key!r} is given twice (first on line {seen.line + 1}); YAML would keep "
                     "only the second silently, so merge the two", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2 booleans only: PyYAML follows YAML 1.1, where yes/no/on/off/y/n are booleans too, so
+# `data.shuffle=yes` or `name: off` would pass as booleans (or turn a string option into one).
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
 import weakref
 from typing import Any
@@ -55,13 +56,31 @@ def load_config(files: list[str] | None, overrides: list[str] | None, registry: 
     raw = raw_config(files, overrides)
     warnings: list[tuple[str, str]] = []
     cfg = structurer_for(registry).structure(raw, warnings=warnings)
-    problems = check_config(cfg, registry)
+    problems = unknown_resets(cfg, overrides or []) + check_config(cfg, registry)
     if problems:
         raise ConfigError(problems)
     # Not fatal, but loud: the CLI configures no logging, so these reach stderr as they are.
     for key, message in warnings + config_warnings(cfg, registry):
         log.warning("grpo-sdk: warning: %s: %s", key, message)
     return cfg
+
+
+def unknown_resets(cfg: C.MasterConfig, overrides: list[str]) -> list[tuple[str, str]]:
+    """``~key`` overrides whose key the config does not have (a typo would otherwise reset nothing)."""
+    resets = [text[1:] for text in overrides if text.startswith("~")]
+    tree = dump_config(cfg) if resets else {}
+    problems = []
+    for path in resets:
+        node, parts = tree, path.split(".")
+        for i, part in enumerate(parts):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+                continue
+            close = difflib.get_close_matches(part, sorted(node) if isinstance(node, dict) else [], n=1)
+            hint = f"; did you mean ~{'.'.join(parts[:i] + close)}?" if close else ""
+            problems.append((f"~{path}", f"is not a key of this config (nor of a selected plugin's block){hint}"))
+            break
+    return problems
 
 
 # --- dumping --------------------------------------------------------------------------------------
