@@ -14,24 +14,12 @@ import pytest
 from grpo_sdk.trainer.checkpoint import STATUS_FILE, CheckpointManager
 from grpo_sdk.core.config import CheckpointingConfig
 from conftest import grpoctl_env, run_grpoctl
+from faults.campaign import final_weights, metrics_of
 
 # A small run: 4 prompts x 8 generations, validation every 8 steps, a checkpoint every 4.
 SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "grpo.val_period=8",
          "grpo.max_val_samples=8", "grpo.val_num_generations_per_prompt=2", "checkpointing.save_period=4",
          "checkpointing.keep_top_k=2"]
-VOLATILE = ("timing/", "perf/")  # wall-clock metrics differ between runs by nature
-
-
-
-
-def metrics_of(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-def final_weights(run: Path) -> bytes:
-    latest = CheckpointManager(CheckpointingConfig(), run).latest()
-    return (latest / "policy" / "model.safetensors").read_bytes()
 
 
 def run_and_kill_after(args, cwd, step: int) -> None:

@@ -8,8 +8,6 @@ seed's silent no-ops (a switch set where nothing reads it) are errors here.
 from __future__ import annotations
 
 import difflib
-import functools
-import importlib
 import json
 import os
 import re
@@ -21,6 +19,7 @@ import attrs
 
 from grpo_sdk.core import config as C
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
 
 
@@ -198,7 +197,7 @@ def check_algorithm(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
                          "requires policy.train_global_batch_size == grpo.num_prompts_per_step x "
                          f"grpo.num_generations_per_prompt ({rollout_rows}) or null: one optimizer step per rollout"))
     info = registry.info("estimator", grpo.adv_estimator.name) if registry is not None else None
-    capabilities = info.spec.capabilities if info is not None and info.spec is not None else frozenset()
+    capabilities = _capabilities(registry, "estimator", grpo.adv_estimator.name)
     if info is not None and info.spec is not None:
         if loss.use_kl_in_reward and Capability.KL_IN_REWARD not in capabilities:
             problems.append(("loss_fn.use_kl_in_reward",
@@ -231,7 +230,7 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
     """Data, validation and checkpointing."""
     grpo, data, ckpt, problems = cfg.grpo, cfg.data, cfg.checkpointing, []
     info = registry.info("environment", cfg.env.name) if registry is not None else None
-    generates = info is not None and info.spec is not None and Capability.GENERATES_PROMPTS in info.spec.capabilities
+    generates = Capability.GENERATES_PROMPTS in _capabilities(registry, "environment", cfg.env.name)
     if data.use_multiple_dataloader:
         if not data.datasets:
             problems.append(("data.datasets", "is empty, but data.use_multiple_dataloader is true"))
@@ -286,7 +285,7 @@ def uses_group_baseline(cfg: C.MasterConfig, info: Any) -> bool:
 
 # --- metric names -------------------------------------------------------------------------------
 
-# Validation reports these itself (trainer/validation.py) plus the environment's own metrics; a step
+# Validation reports these itself (GRPOTrainer.validate) plus the environment's own metrics; a step
 # logs these (docs/algorithms.md, Metrics) plus the families below, which components extend.
 VAL_METRICS = ("accuracy", "avg_length", "num_samples", "pass_k")
 TRAIN_METRICS = (
@@ -531,9 +530,7 @@ def check_components(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[st
         if target is None:
             continue
         try:
-            module, _, attr = target.partition(":")
-            check = functools.reduce(getattr, attr.split("."), importlib.import_module(module))
-            problems += [(key, message) for key, message in check(cfg, options, registry)]
+            problems += [(key, message) for key, message in import_target(target)(cfg, options, registry)]
         except Exception as exc:  # a plugin's bug must not become a traceback of `config validate`
             problems.append((path, f"the option check of {kind} {name!r} ({target}) failed: "
                              f"{type(exc).__name__}: {exc}"))
