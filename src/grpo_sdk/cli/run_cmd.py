@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from grpo_sdk.cli.common import STATE, get_registry, guarded
+from grpo_sdk.cli.common import guarded, load_plugin_modules
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.trainer.run_dir import RunLock, check_storage
 from grpo_sdk.trainer.signals import STOP, exit_code_of
@@ -73,39 +73,12 @@ def _finished_message(manager, cfg) -> str | None:
             f"grpo.max_num_steps is {cfg.grpo.max_num_steps}; nothing to do. Raise grpo.max_num_steps to train further.")
 
 
-def _import_plugin_module(name: str) -> None:
-    """``-p NAME``: import it, finding NAME.py in the current directory too, but after installed packages
-    and only for this import (a ./tokenizers.py must not shadow the real one for the whole run)."""
-    import importlib
-
-    from grpo_sdk.core.errors import PluginError
-
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.append(os.getcwd())
-    try:
-        importlib.import_module(name)
-    except Exception as exc:  # noqa: BLE001 - whatever the module raises, the user asked for it by name
-        raise PluginError(f"-p {name}: the hook plugin module could not be imported: {type(exc).__name__}: {exc}"
-                          ) from exc
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-
-
 def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
          progress: bool | None, resume: bool) -> None:
     from grpo_sdk.trainer.checkpoint import CheckpointManager
     from grpo_sdk.core.config_loader import load_config
 
-    registry = get_registry()
-    for module in plugin_modules:
-        _import_plugin_module(module)
-        STATE.host.load_module(module)
-    if plugin_modules:  # the new modules may register components or config sections
-        from grpo_sdk.plugins.registry import Registry
-
-        registry = STATE.registry = Registry.discover(host=STATE.host)
+    registry = load_plugin_modules(plugin_modules)
     cfg = load_config(files, overrides, registry)
     run_dir = run_dir or Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
     manager = CheckpointManager(cfg.checkpointing, run_dir)
