@@ -10,41 +10,46 @@ from typing import Any, Optional
 import attrs
 import typer
 
-from grpo_sdk.cli.common import EPILOG, get_registry, guarded
+from grpo_sdk.cli.common import EPILOG, guarded, load_plugin_modules
 from grpo_sdk.core import config as C
 
 app = typer.Typer(help="Show, validate and document run configs.", no_args_is_help=True, epilog=EPILOG)
 
 OVERRIDES = typer.Argument(None, help="Dotted overrides, as for `grpoctl run`.")
 FILES = typer.Option(None, "-c", "--config", help="Config YAML; repeat to layer files. Default: the built-in recipe.")
+PLUGIN_MODULES = typer.Option(None, "-p", "--plugin", help="Import MODULE as a hook plugin first, as `grpoctl run -p` "
+                              "does: the components and config sections it registers count.")
 
 
-def _load(files: Optional[list[Path]], overrides: Optional[list[str]]) -> C.MasterConfig:
+def _load(files: Optional[list[Path]], overrides: Optional[list[str]],
+          plugin_modules: Optional[list[str]]) -> C.MasterConfig:
     from grpo_sdk.core.config_loader import load_config
 
-    return load_config([str(f) for f in files or []], overrides or [], get_registry())
+    return load_config([str(f) for f in files or []], overrides or [], load_plugin_modules(plugin_modules or []))
 
 
 @app.command()
 def show(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]] = FILES,
-         format: str = typer.Option("yaml", "--format", help="yaml or json.")) -> None:
+         format: str = typer.Option("yaml", "--format", help="yaml or json."),
+         plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
     """Print the resolved config: defaults < files < overrides, selected plugin blocks in full."""
     if format not in ("yaml", "json"):
         raise typer.BadParameter(f"{format!r} is not one of 'yaml', 'json'", param_hint="--format")
     def body() -> None:
         from grpo_sdk.core.config_loader import dump_config, to_yaml
 
-        cfg = _load(config, overrides)
+        cfg = _load(config, overrides, plugin_modules)
         print(json.dumps(dump_config(cfg), indent=2) if format == "json" else to_yaml(cfg), end="")
 
     guarded(body)
 
 
 @app.command()
-def validate(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]] = FILES) -> None:
+def validate(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]] = FILES,
+             plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
     """Check a config without loading any model: unknown keys, types, ranges, cross-field rules, plugins."""
     def body() -> None:
-        cfg = _load(config, overrides)
+        cfg = _load(config, overrides, plugin_modules)
         rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
         print(f"config OK: policy {cfg.policy.backend} ({cfg.policy.model_name}), generation "
               f"{cfg.policy.generation.backend}, estimator {cfg.grpo.adv_estimator.name}, env {cfg.env.name}, "
@@ -55,11 +60,13 @@ def validate(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[P
 
 @app.command()
 def schema(section: Optional[str] = typer.Argument(None, help="Only keys under this dotted prefix, e.g. "
-                                                   "`grpo` or `policy.generation.hf`.")) -> None:
+                                                   "`grpo` or `policy.generation.hf`."),
+           plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
     """Print every config key with its type, default and documentation, plugin blocks included."""
     def body() -> None:
         lines = []
-        for path, kind, default, help_text in schema_rows(C.MasterConfig, "", get_registry()):
+        registry = load_plugin_modules(plugin_modules or [])
+        for path, kind, default, help_text in schema_rows(C.MasterConfig, "", registry):
             if section and not (path == section or path.startswith((section + ".", section + "[]"))):
                 continue
             lines.append(f"{path}: {kind} = {default}\n    {help_text}")

@@ -8,8 +8,8 @@ from typing import Optional
 import attrs
 import typer
 
-from grpo_sdk.cli.common import EPILOG, fail, get_registry, guarded
-from grpo_sdk.cli.config_cmd import default_text, type_name
+from grpo_sdk.cli.common import EPILOG, fail, guarded, load_plugin_modules
+from grpo_sdk.cli.config_cmd import PLUGIN_MODULES, default_text, type_name
 from grpo_sdk.core.errors import ExitCode
 from grpo_sdk.plugins.specs import KINDS
 
@@ -19,12 +19,13 @@ app = typer.Typer(help="List and inspect plugins: backends, estimators, environm
 
 @app.command("list")
 def list_(kind: Optional[str] = typer.Option(None, "--kind", help=f"One of: {', '.join(KINDS)}."),
-          as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+          as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+          plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
     """Every component with its status (ok, missing-requirements, broken, incompatible-api, conflict)."""
     def body() -> None:
         if kind is not None and kind not in KINDS:
             fail(f"unknown kind {kind!r}; kinds: {', '.join(KINDS)}", ExitCode.USAGE)
-        registry = get_registry()
+        registry = load_plugin_modules(plugin_modules or [])
         rows = registry.list(kind)
         if as_json:
             print(json.dumps({"components": [r.to_json() for r in rows],
@@ -46,10 +47,11 @@ def list_(kind: Optional[str] = typer.Option(None, "--kind", help=f"One of: {', 
 @app.command()
 def show(name: str = typer.Argument(..., help="Component name, e.g. hf."),
          kind: Optional[str] = typer.Option(None, "--kind", help="Needed when several kinds share the name."),
-         as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+         plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
     """One component: where it comes from, its status, requirements, capabilities and config keys."""
     def body() -> None:
-        registry = get_registry()
+        registry = load_plugin_modules(plugin_modules or [])
         matches = [r for r in registry.list(kind) if r.name == name]
         if not matches:
             fail(f"no component named {name!r}" + (f" of kind {kind}" if kind else ""), ExitCode.PLUGIN)

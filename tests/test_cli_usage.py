@@ -1,0 +1,157 @@
+"""How `grpoctl` takes its arguments: ``-p MODULE`` on the config and plugin commands, and what a
+mistyped flag or command answers (a did-you-mean, exit code 2, no traceback).
+
+In-process through ``grpo_sdk.cli.app.main`` where that is enough (the ``cli`` fixture restores
+the shared ``STATE``); through the real entry (``run_grpoctl``) for the usage errors a user sees.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+
+from grpo_sdk.cli.app import main
+from grpo_sdk.cli.common import STATE
+from conftest import run_grpoctl
+
+# A quick-hack hook module, as `grpoctl run -p acme_task` loads it from the current directory: an
+# environment with options, and a top-level config section.
+ACME_TASK = '''
+import attrs
+from grpo_sdk.plugins import ComponentSpec, ConfigSection, EnvironmentReturn, hookimpl
+
+
+@attrs.frozen(kw_only=True)
+class TaskConfig:
+    level: int = attrs.field(default=1, metadata={"help": "How hard the acme task is."})
+
+
+@attrs.frozen(kw_only=True)
+class UploaderConfig:
+    bucket: str = "s3://default"
+
+
+class Env:
+    def __init__(self, config, context):
+        self.config = config or TaskConfig()
+
+    def sample_prompts(self, num_prompts, rng):
+        return [(f"{rng.randrange(10)}>", {}) for _ in range(num_prompts)]
+
+    def step(self, message_logs, metadata):
+        return EnvironmentReturn(rewards={"score": [0.0] * len(message_logs)})
+
+
+@hookimpl
+def grpo_components():
+    return [ComponentSpec(name="acme_task", kind="environment", impl="acme_task:Env", config="acme_task:TaskConfig",
+                          capabilities={"generates_prompts"}, summary="The acme task, from a -p module.")]
+
+
+@hookimpl
+def grpo_config_sections():
+    return [ConfigSection(name="acme_uploader", config="acme_task:UploaderConfig")]
+'''
+SELECT = ["env.name=acme_task", "env.acme_task.level=3", "acme_uploader.bucket=s3://runs"]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `grpoctl ARGS` in-process: (exit code, stdout, stderr)."""
+    saved = (STATE.host, STATE.registry)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    STATE.host, STATE.registry = saved
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """The current directory holds acme_task.py (not importable until -p names it)."""
+    monkeypatch.delenv("GRPO_SDK_STRICT_PLUGINS", raising=False)
+    (tmp_path / "acme_task.py").write_text(ACME_TASK)
+    (tmp_path / "raises_task.py").write_text("raise RuntimeError('acme needs ACME_TOKEN')\n")
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name in ("acme_task", "raises_task"):
+        sys.modules.pop(name, None)
+
+
+# --- -p MODULE on config and plugins commands ------------------------------------------------------
+
+
+def test_plugins_list_shows_a_component_of_a_p_module(cli, project):
+    code, out, err = cli("plugins", "list", "--kind", "environment", "-p", "acme_task")
+    assert code == 0, err
+    (row,) = [line for line in out.splitlines() if line.startswith("environment") and " acme_task " in line]
+    assert row.split()[:4] == ["environment", "acme_task", "ok", "hook:acme_task"]
+    assert "The acme task, from a -p module." in row
+    assert any(line.split()[:3] == ["hooks", "acme_task", "ok"] for line in out.splitlines())
+    code, out, _ = cli("plugins", "list", "--kind", "environment")  # without -p it is not there
+    assert code == 0 and " acme_task " not in out
+
+
+def test_plugins_show_describes_a_component_of_a_p_module(cli, project):
+    code, out, err = cli("plugins", "show", "acme_task", "--plugin", "acme_task")
+    assert code == 0, err
+    assert "option: level (int, default 1): How hard the acme task is." in out
+
+
+def test_config_validate_accepts_the_blocks_of_a_p_module(cli, project):
+    code, out, err = cli("config", "validate", "-p", "acme_task", *SELECT)
+    assert code == 0, err
+    assert out.startswith("config OK") and "env acme_task" in out
+    code, out, err = cli("config", "validate", "env.name=acme_task")  # without it: no such environment
+    assert code == 3 and out == "" and "no environment named 'acme_task'" in err
+    code, out, err = cli("config", "validate", "acme_uploader.bucket=s3://runs")  # nor such a section
+    assert code == 2 and "unknown key 'acme_uploader'" in err
+
+
+def test_config_validate_checks_the_options_of_a_p_module(cli, project):
+    code, out, err = cli("config", "validate", "-p", "acme_task", "env.name=acme_task", "env.acme_task.level=hard")
+    assert code == 2 and out == ""
+    assert "env.acme_task.level" in err
+
+
+def test_config_show_prints_the_blocks_of_a_p_module(cli, project):
+    code, out, err = cli("config", "show", "-p", "acme_task", *SELECT)
+    assert code == 0, err
+    shown = yaml.safe_load(out)
+    assert shown["env"]["name"] == "acme_task"
+    assert shown["env"]["acme_task"] == {"level": 3}
+    assert shown["acme_uploader"] == {"bucket": "s3://runs"}
+
+
+def test_config_schema_documents_the_blocks_of_a_p_module(cli, project):
+    code, out, err = cli("config", "schema", "env", "-p", "acme_task")
+    assert code == 0, err
+    assert "env.acme_task: plugin block = \n    The acme task, from a -p module." in out
+    assert "env.acme_task.level: int = 1\n    How hard the acme task is." in out
+    code, out, _ = cli("config", "schema", "env")
+    assert code == 0 and "env.acme_task" not in out
+
+
+COMMANDS = [("config", "validate"), ("config", "show"), ("config", "schema"), ("plugins", "list"),
+            ("plugins", "show", "hf")]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_a_missing_p_module_is_a_plugin_error(cli, project, command):
+    code, out, err = cli(*command, "-p", "acme_missing")
+    assert (code, out) == (3, "")
+    assert err == ("error: -p acme_missing: the hook plugin module could not be imported: ModuleNotFoundError: "
+                   "No module named 'acme_missing'\n")
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_a_p_module_that_raises_names_its_error(cli, project, command):
+    code, out, err = cli(*command, "-p", "raises_task")
+    assert (code, out) == (3, "")
+    assert "-p raises_task: the hook plugin module could not be imported: RuntimeError: acme needs ACME_TOKEN" in err
+    assert "Traceback" not in err
