@@ -59,29 +59,11 @@ def guarded(fn: Callable[[], Any]) -> Any:
         raise typer.Exit(exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED))
 
 
-def import_plugin_module(name: str) -> None:
-    """``-p NAME``: import it, finding NAME.py in the current directory too, but after installed packages
-    and only for this import (a ./tokenizers.py must not shadow the real one for the whole run)."""
-    import importlib
-
-    from grpo_sdk.core.errors import PluginError
-
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.append(os.getcwd())
-    try:
-        importlib.import_module(name)
-    except Exception as exc:  # noqa: BLE001 - whatever the module raises, the user asked for it by name
-        raise PluginError(f"-p {name}: the hook plugin module could not be imported: {type(exc).__name__}: {exc}"
-                          ) from exc
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-
-
 def load_plugin_modules(modules: list[str]):
     """``-p MODULE ...``: import each as a hook plugin; the registry of this invocation, rediscovered when
     any was given (the new modules may register components or config sections)."""
+    from grpo_sdk.plugins.host import import_plugin_module
+
     registry = get_registry()
     for module in modules:
         import_plugin_module(module)

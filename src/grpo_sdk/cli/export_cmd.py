@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from grpo_sdk.cli.common import guarded
-from grpo_sdk.core.errors import ConfigError
 
 
 def export(run_dir: Path = typer.Argument(..., help="A run directory."),
@@ -21,25 +19,7 @@ def export(run_dir: Path = typer.Argument(..., help="A run directory."),
 
 
 def _export(run_dir: Path, out: Path, step: int | None, best: bool) -> None:
-    import yaml
+    from grpo_sdk.trainer.checkpoint import export_policy
 
-    from grpo_sdk.trainer.checkpoint import CheckpointManager
-    from grpo_sdk.core.config import CheckpointingConfig
-
-    saved = run_dir / "config.resolved.yaml"
-    raw = (yaml.safe_load(saved.read_text()) or {}).get("checkpointing", {}) if saved.is_file() else {}
-    fields = {k: raw[k] for k in ("checkpoint_dir", "metric_name", "higher_is_better") if k in raw}
-    manager = CheckpointManager(CheckpointingConfig(**fields), run_dir)
-    found = manager.checkpoints()
-    if not found:
-        raise ConfigError([("RUN_DIR", f"{run_dir} holds no complete checkpoint")])
-    if step is not None:
-        chosen = next((p for p in found if p.name == f"step_{step}"), None)
-        if chosen is None:
-            raise ConfigError([("--step", f"no checkpoint of step {step}; have {', '.join(p.name for p in found)}")])
-    else:
-        chosen = manager.best() if best else found[-1]
-    if out.exists():
-        raise ConfigError([("OUT", f"{out} already exists")])
-    shutil.copytree(chosen / "policy", out, ignore=shutil.ignore_patterns("optimizer.*"))
-    print(f"exported {chosen / 'policy'} -> {out}")
+    source = export_policy(run_dir, out, step=step, best=best)
+    print(f"exported {source} -> {out}")

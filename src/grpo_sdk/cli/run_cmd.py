@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
+import shlex
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+import attrs
 import typer
 
 from grpo_sdk.cli.common import guarded, load_plugin_modules
 from grpo_sdk.core.errors import ConfigError
-from grpo_sdk.trainer.run_dir import RunLock, check_storage
 from grpo_sdk.trainer.signals import STOP, exit_code_of
 
 
@@ -24,102 +24,110 @@ def run(
     config: Optional[list[Path]] = typer.Option(None, "-c", "--config", help="Config YAML; repeat to layer files. "
                                                 "Without one, the built-in recipe runs."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory; default "
-                                           "<logger.log_dir>/grpo-<timestamp>."),
+                                           "<logger.log_dir>/grpo-<timestamp>. One that holds checkpoints is "
+                                           "resumed, as with --resume."),
     plugin_modules: Optional[list[str]] = typer.Option(None, "-p", "--plugin", help="Import MODULE as a hook "
                                                        "plugin for this run (quick hacks, like pytest -p)."),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar; default: "
                                             "on when stdout is a terminal."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR from its latest "
-                                          "checkpoint, with its saved config (overrides still apply)."),
+                                          "checkpoint, with its saved config (resumable overrides still apply)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Train at most N steps: the same as "
+                                            "grpo.max_num_steps=N, after every other override."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and check the config, print the run plan "
+                                 "(components, rows and tokens per step, memory estimate), and build nothing."),
 ) -> None:
     """Train with GRPO. Writes config, plugin versions, metrics.jsonl and checkpoints to the run dir.
 
-    A run directory that already holds checkpoints is resumed from the latest one.
+    A run directory that already holds checkpoints is resumed from the latest one with its saved
+    config; overrides may change only the resumable keys (steps, epochs, logging, checkpoint cadence).
     """
-    files = [str(c) for c in config or []]
-    if resume is not None:
-        saved = resume / "config.resolved.yaml"
-        if not saved.is_file():
-            guarded(lambda: _fail_resume(resume))
-        files = [str(saved), *files]
-        run_dir = run_dir or resume
-    guarded(lambda: _run(overrides or [], files, run_dir, plugin_modules or [], progress, resume is not None))
+    overrides = list(overrides or [])
+    if max_steps is not None:
+        overrides.append(f"grpo.max_num_steps={max_steps}")
+    request = RunRequest(overrides=overrides, files=[str(c) for c in config or []], run_dir=resume or run_dir,
+                         plugin_modules=list(plugin_modules or []), progress=progress, resume=resume is not None)
+    guarded(lambda: _dry_run(request) if dry_run else _run(request))
 
 
-def _fail_resume(run_dir: Path) -> None:
-    if not run_dir.is_dir():
-        raise ConfigError([("--resume", f"{run_dir} does not exist or is not a directory")])
-    if any(run_dir.iterdir()):  # a run that was stopped before it could write its config
-        raise ConfigError([("--resume", f"{run_dir} holds no config.resolved.yaml: the run there stopped before "
-                                        "it wrote its config, so it never trained and there is nothing to resume. "
-                                        f"Start it again with `grpoctl run [-c ...] --run-dir {run_dir}`")])
-    raise ConfigError([("--resume", f"{run_dir} is not a run directory (it is empty)")])
+@attrs.frozen(kw_only=True)
+class RunRequest:
+    overrides: list[str]
+    files: list[str]
+    run_dir: Path | None
+    plugin_modules: list[str]
+    progress: bool | None
+    resume: bool  # --resume: the run directory must hold a run
+
+    def resume_command(self, run_dir: Path) -> str:
+        plugins = "".join(f" -p {shlex.quote(m)}" for m in self.plugin_modules)
+        return f"grpoctl run{plugins} --resume {shlex.quote(str(run_dir))}"
 
 
-def _finished_message(manager, cfg) -> str | None:
-    """Torch-free: "already finished" when the latest checkpoint is at max_num_steps and verifies."""
-    import json
+def _dry_run(request: RunRequest) -> None:
+    from grpo_sdk.cli.plan import run_plan
+    from grpo_sdk.cli.preflight import preflight
+    from grpo_sdk.trainer.launch import default_run_dir, resolve_config
 
-    from grpo_sdk.trainer.checkpoint import STATE_FILE, verify
-
-    latest = manager.latest()
-    try:
-        step = json.loads((latest / STATE_FILE).read_text(encoding="utf-8"))["step"] if latest else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # damaged: the trainer's verification reports it and falls back
-    if not isinstance(step, int) or step < cfg.grpo.max_num_steps or verify(latest) is not None:
-        return None
-    return (f"the run already finished: its latest checkpoint ({latest}) is at step {step} and "
-            f"grpo.max_num_steps is {cfg.grpo.max_num_steps}; nothing to do. Raise grpo.max_num_steps to train further.")
+    registry = load_plugin_modules(request.plugin_modules)
+    cfg, resuming = resolve_config(request.files, request.overrides, request.run_dir, registry, resume=request.resume)
+    problems = preflight(cfg)
+    if problems:
+        raise ConfigError(problems)
+    run_dir = request.run_dir or default_run_dir(cfg)
+    print(f"dry run: nothing is built or written. Run dir {run_dir}" + (" (resumes its latest checkpoint)"
+                                                                          if resuming else ""))
+    print(run_plan(cfg, registry).rstrip())
 
 
-def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_modules: list[str],
-         progress: bool | None, resume: bool) -> None:
-    from grpo_sdk.trainer.checkpoint import CheckpointManager
-    from grpo_sdk.core.config_loader import load_config
+def _run(request: RunRequest) -> None:
+    from grpo_sdk.trainer.launch import default_run_dir, epoch_note, open_run, resolve_config, run_trainer
 
-    registry = load_plugin_modules(plugin_modules)
-    cfg = load_config(files, overrides, registry)
-    run_dir = run_dir or Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
-    manager = CheckpointManager(cfg.checkpointing, run_dir)
-    check_storage(run_dir, manager.directory if cfg.checkpointing.enabled else None)
-    RunLock(run_dir).acquire()  # held until the process exits; before anything reads or writes the run dir
-    resume = resume or manager.latest() is not None
-    if resume and (message := _finished_message(manager, cfg)):
-        manager.remove_partial()  # a kill while the last save pruned may have left a half-deleted one
-        print(message)
+    registry = load_plugin_modules(request.plugin_modules)
+    cfg, resuming = resolve_config(request.files, request.overrides, request.run_dir, registry, resume=request.resume)
+    run_dir = request.run_dir or default_run_dir(cfg)
+    opened = open_run(cfg, run_dir, resume=resuming)
+    if opened.finished:
+        opened.lock.release()
+        print(opened.finished)
         return
-    if (run_dir / "metrics.jsonl").exists() and not resume:
-        raise ConfigError([("--run-dir", f"{run_dir} already holds a run without a checkpoint (metrics.jsonl); "
-                                         "choose another directory, or restart it with --resume")])
 
-    from grpo_sdk.trainer.trainer import GRPOTrainer  # imports torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-file load/save bars drown the training progress
-
-    show_bar = progress if progress is not None else (sys.stdout.isatty() and not os.environ.get("CI"))
+    show_bar = request.progress if request.progress is not None else (sys.stdout.isatty() and not os.environ.get("CI"))
     total = cfg.grpo.max_num_steps
     print(f"grpoctl run: {cfg.policy.model_name} | {cfg.env.name} | {cfg.grpo.adv_estimator.name} | "
           f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt} generations | "
           f"{total} steps | run dir {run_dir}", flush=True)
-    trainer = GRPOTrainer(cfg, run_dir=run_dir, registry=registry, resume=resume)
-    try:  # a failed setup must free what it started too (Ray actors, placement groups)
-        trainer.setup()
+    reporter: LineReporter | BarReporter | None = None
+
+    def on_setup(trainer) -> None:
+        nonlocal reporter
         if trainer.step:
             print(f"resumed from step {trainer.step} ({trainer.checkpoints.latest()})", flush=True)
+        if note := epoch_note(cfg, trainer.components.prompts):
+            print(f"note: {note}", flush=True)
         reporter = BarReporter(total, trainer.step) if show_bar else LineReporter(total)
-        with reporter:
-            summary = trainer.train(on_step=reporter.update)
-    finally:
-        trainer.shutdown()
+        reporter.__enter__()
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        reporter.update(step, metrics)
+
+    try:
+        summary = run_trainer(cfg, opened, registry, on_setup=on_setup, on_step=on_step)
+    except KeyboardInterrupt:  # a second signal stopped it at once: say where to pick it up
+        _close(reporter)
+        _print_resume(request, run_dir)
+        raise
+    _close(reporter)
     if summary.status == "already_finished":
         print(f"the run in {run_dir} already finished at step {summary.steps}; nothing to do")
         return
     ending = {"early_stop": " (early stop: validation threshold reached)",
               "deadline": " (stopped to meet checkpointing.checkpoint_must_save_by)",
-              "interrupted": f" (stopped by {summary.reason}; resume with grpoctl run --resume {run_dir})",
+              "interrupted": f" (stopped by {summary.reason or 'a signal'})",
               }.get(summary.status, "")
+    if summary.ended_by == "grpo.max_num_epochs":
+        ending = (f" (grpo.max_num_epochs={cfg.grpo.max_num_epochs}: the dataset's epochs ran out before "
+                  f"grpo.max_num_steps={total}; raise grpo.max_num_epochs to train longer)")
     print(f"\nreward {summary.reward_first:.3f} -> {summary.reward_last:.3f} (first step -> mean of the last "
           f"{min(10, summary.steps)}) in {summary.steps} steps, {summary.seconds:.1f} s{ending}")
     if summary.validation:
@@ -132,8 +140,33 @@ def _run(overrides: list[str], files: list[str], run_dir: Path | None, plugin_mo
         print(f"checkpoint: {summary.checkpoint} (policy/ is a Hugging Face model directory; "
               f"grpoctl export {summary.run_dir} DIR copies it)")
     if summary.status == "interrupted":
+        print(f"resume: {request.resume_command(run_dir)}")
         print("interrupted", file=sys.stderr)
         raise typer.Exit(exit_code_of(STOP.signum or signal.SIGINT))
+
+
+def _close(reporter: LineReporter | BarReporter | None) -> None:
+    if reporter is not None:
+        reporter.__exit__(None, None, None)
+
+
+def _print_resume(request: RunRequest, run_dir: Path) -> None:
+    from grpo_sdk.trainer.launch import saved_config_of
+
+    if saved_config_of(run_dir) is None:
+        print(f"\nstopped before the first checkpoint; nothing to resume in {run_dir}", flush=True)
+        return
+    from grpo_sdk.core.config import CheckpointingConfig
+    from grpo_sdk.trainer.checkpoint import CheckpointManager
+
+    try:
+        import yaml
+
+        raw = (yaml.safe_load((run_dir / "config.resolved.yaml").read_text()) or {}).get("checkpointing") or {}
+        latest = CheckpointManager(CheckpointingConfig(checkpoint_dir=raw.get("checkpoint_dir")), run_dir).latest()
+    except Exception:  # noqa: BLE001 - the hint is best effort; the exit code still says interrupted
+        latest = None
+    print(f"\ncheckpoint: {latest}\nresume: {request.resume_command(run_dir)}", flush=True)
 
 
 def _fields(metrics: dict[str, float]) -> tuple[float, float, float]:

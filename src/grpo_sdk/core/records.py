@@ -17,6 +17,7 @@ This module imports no torch; tensor fields are typed for readers and type check
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -36,6 +37,30 @@ class RunStatus(enum.StrEnum):
     INTERRUPTED = "interrupted"  # a stop signal (summary.json's reason names it) or Ctrl-C
     FAILED = "failed"  # an error; the latest checkpoint is intact
     ALREADY_FINISHED = "already_finished"  # resumed a run that had reached its end: nothing done
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    """What a run did: ``grpo_sdk.train`` returns it, ``<run_dir>/summary.json`` holds it as JSON."""
+
+    status: RunStatus
+    steps: int
+    seconds: float  # wall time of this process's training
+    reward_first: float  # mean reward of the first step: the starting level
+    reward_last: float  # mean reward over the last min(10, steps) steps
+    validation: dict[str, float]  # the last validation's metrics
+    run_dir: Path
+    checkpoint: Path | None  # the latest checkpoint: policy/ inside is a Hugging Face model directory
+    example: dict[str, Any] | None  # one sample of the last step
+    reason: str | None = None  # why an interrupted run stopped: the signal's name (SIGTERM, SIGINT, SIGHUP)
+    metrics: dict[str, float] = attrs.field(factory=dict)  # the last step's logged metrics (train and val)
+    # A completed run that stopped before grpo.max_num_steps because the dataset's epochs ran out:
+    # "grpo.max_num_epochs"; None otherwise.
+    ended_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self, recurse=False), "status": str(self.status), "run_dir": str(self.run_dir),
+                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
 
 
 @attrs.frozen(kw_only=True)
@@ -88,9 +113,15 @@ class EnvironmentReturn:
 
     ``rewards`` maps a component name to one float per sample; the total reward of a sample is
     the sum of its components. A single-reward environment returns ``{"reward": [...]}``.
+
+    ``None`` means "no reward" for that sample (a grader that does not apply to it), not a failure:
+    a sample whose every component is None leaves the loss and its group's baseline and is counted
+    in ``reward/num_no_reward``, whatever ``env.on_reward_error`` says; a None beside a component
+    that scored counts 0. A failure is anything else that is not a finite number (NaN, text) or
+    an exception: ``env.on_reward_error`` decides, and ``reward/num_failed`` counts it.
     """
 
-    rewards: dict[str, list[float]]
+    rewards: dict[str, list[float | None]]
     done: list[bool] | None = None  # None: every sample is done (single-turn)
     observations: list[Message | None] | None = None  # the next environment turn, multi-turn only
     metadata: list[dict[str, Any]] | None = None  # updated per-sample metadata

@@ -246,3 +246,29 @@ def ranking_metric(name: str | None, train_metrics: dict[str, float], val_metric
     source, _, key = name.partition(":")
     value = (train_metrics if source == "train" else val_metrics).get(key)
     return float(value) if value is not None else None
+
+
+def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False) -> Path:
+    """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
+    from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default."""
+    import yaml
+
+    from grpo_sdk.core.errors import ConfigError
+
+    saved = run_dir / "config.resolved.yaml"
+    raw = (yaml.safe_load(saved.read_text()) or {}).get("checkpointing", {}) if saved.is_file() else {}
+    fields = {k: raw[k] for k in ("checkpoint_dir", "metric_name", "higher_is_better") if k in raw}
+    manager = CheckpointManager(CheckpointingConfig(**fields), run_dir)
+    found = manager.checkpoints()
+    if not found:
+        raise ConfigError([("RUN_DIR", f"{run_dir} holds no complete checkpoint")])
+    if step is not None:
+        chosen = next((p for p in found if p.name == f"step_{step}"), None)
+        if chosen is None:
+            raise ConfigError([("--step", f"no checkpoint of step {step}; have {', '.join(p.name for p in found)}")])
+    else:
+        chosen = manager.best() if best else found[-1]
+    if out.exists():
+        raise ConfigError([("OUT", f"{out} already exists")])
+    shutil.copytree(chosen / "policy", out, ignore=shutil.ignore_patterns("optimizer.*"))
+    return chosen / "policy"

@@ -55,7 +55,7 @@ from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
-from grpo_sdk.core.records import RunStatus, SamplingParams
+from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
@@ -118,24 +118,6 @@ class Components:
     loggers: list[Any] = attrs.field(factory=list)
 
 
-@attrs.frozen(kw_only=True)
-class RunSummary:
-    status: RunStatus
-    steps: int
-    seconds: float  # wall time of this process's training
-    reward_first: float  # mean reward of the first step: the starting level
-    reward_last: float  # mean reward over the last min(REWARD_TAIL, steps) steps
-    validation: dict[str, float]  # the last validation's metrics
-    run_dir: Path
-    checkpoint: Path | None  # the latest checkpoint: policy/ inside is a Hugging Face model directory
-    example: dict[str, Any] | None  # one sample of the last step
-    reason: str | None = None  # why an interrupted run stopped: the signal's name (SIGTERM, SIGINT, SIGHUP)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "status": str(self.status), "run_dir": str(self.run_dir),
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
-
-
 class GRPOTrainer:
     """Builds the components of a run and trains; observer hooks get this object as ``run``."""
 
@@ -152,6 +134,7 @@ class GRPOTrainer:
         self.last_rollouts: RolloutBatch | None = None  # the last step's, for the summary's example
         self.last_saved_step: int | None = None
         self.validated_step: int | None = None
+        self.last_metrics: dict[str, float] = {}  # the last logged step's, for the summary
 
     @property
     def step(self) -> int:
@@ -320,6 +303,7 @@ class GRPOTrainer:
             if validated:
                 metrics.update(self._validation_metrics(step))
             self._log(step, metrics)
+            self.last_metrics = dict(metrics)
             self.registry.host.step_end(run=self, step=step, metrics=metrics)
             if on_step is not None:
                 on_step(step, metrics)
@@ -334,7 +318,9 @@ class GRPOTrainer:
                     else RunStatus.DEADLINE
         if grpo.val_at_end and self.components.val_prompts and self.state.step \
                 and self.validated_step != self.state.step:  # the run ended by epochs, not steps
-            self._log(self.state.step, self._validation_metrics(self.state.step))
+            validation = self._validation_metrics(self.state.step)
+            self._log(self.state.step, validation)
+            self.last_metrics.update(validation)
         self._save(metrics)
         return RunStatus.COMPLETED
 
@@ -446,7 +432,8 @@ class GRPOTrainer:
         """With env.on_reward_error=mask, stop a run whose rewards keep failing (instead of hundreds of
         steps of `reward nan`): any batch where every sample failed, or too many over a window."""
         env = self.config.env
-        failed, total = int((~rollouts.reward_valid).sum()), rollouts.batch_size
+        # A sample with no reward (None) is not a failure: masked, but no sign of a broken reward function.
+        failed, total = int((~rollouts.reward_valid & ~rollouts.reward_missing).sum()), rollouts.batch_size
         self.state.reward_failures = (self.state.reward_failures + [[failed, total]])[-env.failed_window_steps:]
         window_failed = sum(f for f, _ in self.state.reward_failures)
         window_total = sum(t for _, t in self.state.reward_failures)
@@ -555,13 +542,21 @@ class GRPOTrainer:
             reward_first=self.state.reward_first if self.state.reward_first is not None else math.nan,
             reward_last=sum(tail) / len(tail) if tail else math.nan, validation=self.state.validation,
             run_dir=self.run_dir, checkpoint=self.checkpoints.latest(), example=example_of(self.last_rollouts),
-            reason=signal_name(STOP.signum) if status == RunStatus.INTERRUPTED and STOP.signum else None)
+            reason=signal_name(STOP.signum) if status == RunStatus.INTERRUPTED and STOP.signum else None,
+            metrics=self.last_metrics, ended_by=self._ended_by(status))
         if status != RunStatus.ALREADY_FINISHED:
             try:
                 write_text_atomic(self.run_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
             except OSError as exc:
                 print(f"grpo-sdk: warning: could not write {self.run_dir / 'summary.json'}: {exc}", flush=True)
         return summary
+
+    def _ended_by(self, status: RunStatus) -> str | None:
+        grpo = self.config.grpo
+        if status == RunStatus.COMPLETED and self.state.step < grpo.max_num_steps \
+                and self.components.prompts.epoch >= grpo.max_num_epochs:
+            return "grpo.max_num_epochs"
+        return None
 
     def shutdown(self) -> None:
         """Close what setup opened, newest first (loggers are closed by ``train``)."""
