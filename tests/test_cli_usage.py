@@ -155,3 +155,103 @@ def test_a_p_module_that_raises_names_its_error(cli, project, command):
     assert (code, out) == (3, "")
     assert "-p raises_task: the hook plugin module could not be imported: RuntimeError: acme needs ACME_TOKEN" in err
     assert "Traceback" not in err
+
+
+# --- a mistyped flag or command gets a did-you-mean --------------------------------------------------
+
+
+def test_a_mistyped_run_flag_names_the_flag_meant():
+    proc = run_grpoctl("run", "--max-step", "5")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.splitlines()[-1] == "Error: No such option: --max-step. Did you mean --max-steps?"
+    assert "run --help' for help." in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_mistyped_command_names_the_command_meant():
+    proc = run_grpoctl("config", "valdate")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.splitlines()[-1] == "Error: No such command 'valdate'. Did you mean 'validate'?"
+    assert "Traceback" not in proc.stderr
+
+
+def _commands(group, path=()):
+    """(path, click command) for every command under ``group``, groups included."""
+    for name, command in sorted(group.commands.items()):
+        yield (*path, name), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+
+
+def _tree():
+    import typer
+
+    from grpo_sdk.cli.app import app
+
+    return typer.main.get_command(app)
+
+
+LEAVES = [(path, sorted(opt for param in command.params for opt in param.opts if opt.startswith("--")))
+          for path, command in _commands(_tree()) if not hasattr(command, "commands")]
+
+
+@pytest.mark.parametrize("path, options", LEAVES, ids=[" ".join(path) for path, _ in LEAVES])
+def test_every_command_names_the_option_meant(cli, path, options):
+    # Each long option of the command with its last letter dropped, as a hurried user types it.
+    assert options, path
+    for option in options:
+        typo = option[:-1]
+        if typo in options or len(typo) < 4:
+            continue
+        code, out, err = cli(*path, typo, "x")
+        assert (code, out) == (2, ""), (path, typo, err)
+        assert err.splitlines()[-1] == f"Error: No such option: {typo}. Did you mean {option}?", (path, typo)
+
+
+GROUPS = [(path, sorted(command.commands)) for path, command in [((), _tree()), *_commands(_tree())]
+          if hasattr(command, "commands")]
+
+
+@pytest.mark.parametrize("path, names", GROUPS, ids=[" ".join(path) or "grpoctl" for path, _ in GROUPS])
+def test_every_group_names_the_command_meant(cli, path, names):
+    for name in names:
+        typo = name[:-1]
+        if typo in names:
+            continue
+        code, out, err = cli(*path, typo)
+        assert (code, out) == (2, ""), (path, typo, err)
+        assert err.splitlines()[-1].startswith(f"Error: No such command '{typo}'. Did you mean '{name}'"), err
+
+
+def test_only_the_closest_option_is_suggested(cli):
+    # difflib finds --kind and --plugin close to --kin; the far one would only confuse.
+    code, _, err = cli("plugins", "list", "--kin", "environment")
+    assert (code, err.splitlines()[-1]) == (2, "Error: No such option: --kin. Did you mean --kind?")
+
+
+@pytest.mark.parametrize("command", [("run",), ("config", "validate"), ("config", "show")], ids=" ".join)
+def test_an_override_written_as_a_flag_is_explained(cli, command):
+    code, out, err = cli(*command, "--grpo.max_num_steps=5")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == ("Error: No such option: --grpo.max_num_steps. Config overrides take no dashes: "
+                                    "grpo.max_num_steps=VALUE")
+
+
+def test_an_unknown_option_with_nothing_close_says_only_that(cli):
+    code, out, err = cli("config", "validate", "--learning_rate", "1e-5")
+    assert (code, out) == (2, "")
+    assert err.splitlines()[-1] == "Error: No such option: --learning_rate"
+    assert "Usage: " in err and "Traceback" not in err
+
+
+def test_a_plugin_command_names_the_option_meant(make_site):
+    site = make_site()
+    site.add("acme-cli", entry_points={"grpo_sdk.hooks": {"acme-cli": "acme_cli.commands"}}, files={
+        "acme_cli/__init__.py": "",
+        "acme_cli/commands.py": "from grpo_sdk.plugins import hookimpl\n\n@hookimpl\ndef grpo_cli_commands(app):\n"
+                                "    @app.command('acme-hello')\n    def hello(name: str = 'world'):\n"
+                                "        print(f'hello {name}')\n"})
+    proc = site.grpoctl("acme-hello", "--nam", "x")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "Error: No such option: --nam. Did you mean --name?"
+    assert site.grpoctl("acme-hello", "--name", "x").stdout == "hello x\n"

@@ -6,17 +6,67 @@ and work where torch is broken. `run` and `doctor` import it when they need it.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import sys
 import traceback
+from typing import Any, Iterator
 
 import typer
+from typer.core import TyperGroup
 
 from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
 from grpo_sdk.trainer.signals import STOP, StopNow, exit_code_of
 
+# The click that typer runs on: its own vendored copy since typer 0.2x, the installed click before.
+_CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+
+
+@contextlib.contextmanager
+def _did_you_mean() -> Iterator[None]:
+    """An unknown option says which one was meant: typer's parser lists the close matches as
+    "(Possible options: --max-steps)", which reads as a list of everything allowed."""
+    try:
+        yield
+    except _CLICK_ERRORS.NoSuchOption as exc:
+        message, name = exc.message.rstrip("."), exc.option_name
+        if "." in name and _takes_overrides(exc.ctx):  # `--grpo.max_num_steps=5`: a key, not a flag
+            exc.message = f"{message}. Config overrides take no dashes: {name.lstrip('-')}=VALUE"
+        elif exc.possibilities:
+            exc.message = f"{message}. Did you mean {' or '.join(_closest(name, exc.possibilities))}?"
+        exc.possibilities = None
+        raise
+
+
+def _closest(name: str, candidates: list[str]) -> list[str]:
+    """The best of difflib's close matches (all of them when tied): `--kin` means --kind, not --plugin."""
+    score = {c: difflib.SequenceMatcher(None, name, c).ratio() for c in candidates}
+    best = max(score.values())
+    return sorted(c for c in candidates if score[c] == best)
+
+
+def _takes_overrides(ctx: Any) -> bool:
+    return ctx is not None and any(param.name == "overrides" for param in ctx.command.params)
+
+
+class RootGroup(TyperGroup):
+    """`grpoctl`: every subcommand is parsed inside the root's ``invoke``, so a mistyped option of
+    any command, plugin commands included, gets its did-you-mean here. Unknown commands already
+    get one from typer (``suggest_commands``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        with _did_you_mean():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _did_you_mean():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=RootGroup,
     name="grpoctl",
     help="Train language models with GRPO-family RL; backends, estimators and environments are plugins.",
     epilog=EPILOG,
