@@ -37,6 +37,7 @@ PUBLIC_NAMES = [
     "ConfigError",
     "ConfigSection",
     "DataError",
+    "DeclaresRewardComponents",
     "Environment",
     "EnvironmentReturn",
     "EnvironmentStepError",
@@ -81,6 +82,7 @@ PUBLIC_NAMES = [
 PROTOCOLS = {
     "AdvantageEstimator": {"compute_advantages": "(self, rewards, group_ids, mask, **extras)"},
     "Checkpointable": {"load_checkpoint": "(self, path)", "save_checkpoint": "(self, path)"},
+    "DeclaresRewardComponents": {"num_reward_components": "(self)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
     "Generation": {
         "finish_generation": "(self)",
@@ -347,3 +349,43 @@ def test_the_contract_kit_names_are_pinned():
     for check in (kit.check_spec, kit.check_protocol, kit.check_light):
         assert arguments(check) == "(kind, name, *, registry=)"
     assert arguments(kit.check_config) == "(kind, name, overrides=, *, registry=)"
+
+
+# The Python API (``import grpo_sdk``; docs/compatibility.md item 5): names, and the arguments of
+# the entry points as (name, kind) with "*" before keyword-only ones.
+TOP_LEVEL_NAMES = [
+    "ConfigError", "DataError", "GrpoSdkError", "MasterConfig", "ModelLoadError", "PluginError", "RunStatus",
+    "RunSummary", "Trainer", "__version__", "export_model", "load_config", "train",
+]
+API_SIGNATURES = {
+    "train": ["config", "overrides", "*", "run_dir", "reward_funcs", "plugins", "resume", "progress", "on_step"],
+    "load_config": ["config", "overrides", "*", "reward_funcs", "plugins"],
+    "Trainer": ["config", "*", "run_dir", "overrides", "reward_funcs", "plugins", "resume", "progress", "on_step"],
+    "export_model": ["run_dir", "out", "*", "step", "best"],
+}
+RUN_SUMMARY_FIELDS = ["status", "steps", "seconds", "reward_first", "reward_last", "validation", "run_dir",
+                      "checkpoint", "example", "reason", "metrics", "ended_by"]
+
+
+def _arguments(fn) -> list[str]:
+    out, starred = [], False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not starred:
+            out.append("*")
+            starred = True
+        out.append(p.name)
+    return out
+
+
+def test_the_python_api_is_pinned():
+    import grpo_sdk
+
+    assert sorted(grpo_sdk.__all__) == sorted(TOP_LEVEL_NAMES)
+    for name, arguments in API_SIGNATURES.items():
+        assert _arguments(getattr(grpo_sdk, name)) == arguments, name
+    assert [f.name for f in attrs.fields(grpo_sdk.RunSummary)] == RUN_SUMMARY_FIELDS
+    assert _arguments(grpo_sdk.Trainer.train) == ["self"]
+    text = (DOCS / "compatibility.md").read_text()
+    section = re.search(r"<!-- python-api.*?-->(.*?)<!-- /python-api -->", text, re.DOTALL)
+    assert section, "docs/compatibility.md lost its python-api list"
+    assert sorted(set(re.findall(r"`(\w+)`", section.group(1)))) == sorted(TOP_LEVEL_NAMES)
