@@ -29,6 +29,7 @@ def rollouts(prompts, responses, group_offset=0, pad=0):
         response_lengths=torch.tensor([len(r) for r in responses]), generation_logprobs=logprobs,
         truncated=torch.zeros(rows, dtype=torch.bool), group_ids=torch.arange(rows) // 2 + group_offset,
         reward_components={"r": torch.arange(rows, dtype=torch.float32)}, reward_valid=torch.ones(rows, dtype=torch.bool),
+        reward_missing=torch.zeros(rows, dtype=torch.bool),
         message_logs=[[Message(role="user", content=str(i))] for i in range(rows)], metadata=[{"i": i} for i in range(rows)],
         pad_token_id=pad, rewards=torch.arange(rows, dtype=torch.float32))
 

@@ -264,6 +264,26 @@ class PromptSampler(Protocol):
 
 
 @runtime_checkable
+class DeclaresRewardComponents(Protocol):
+    """An environment's config block that knows, before anything is built, how many named reward
+    components (``EnvironmentReturn.rewards`` keys) the environment will report. Config checks of
+    components that consume the components (the ``gdpo`` estimator's one weight per component)
+    compare against it, so a mismatch is a config error (exit 2) rather than a failure at step 1.
+
+    Example (the built-in ``reverse_digits`` task's config)::
+
+        @attrs.frozen(kw_only=True)
+        class ReverseDigitsConfig:
+            format_weight: float = option(0.0, "...")
+
+            def num_reward_components(self) -> int:
+                return 2 if self.format_weight > 0 else 1   # correct_digits (+ format)
+    """
+
+    def num_reward_components(self) -> int: ...
+
+
+@runtime_checkable
 class ReportsMetrics(Protocol):
     """An advantage estimator with metrics of its own: after each ``compute_advantages`` call the
     loop reads ``last_metrics`` (scalar name -> value) and logs it with the step's metrics. Set it

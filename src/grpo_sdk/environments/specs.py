@@ -6,6 +6,9 @@ needs no dataset (synthetic tasks), for training or validation.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import attrs
 
 from grpo_sdk.plugins import option
@@ -17,6 +20,13 @@ from grpo_sdk.plugins import ComponentSpec
 class ReverseDigitsConfig:
     num_digits: int = option(5, "Length of the digit strings to reverse; 8 is a harder variant.",
                              validator=[attrs.validators.gt(0), attrs.validators.le(10_000)])  # a prompt must fit a context
+    format_weight: float = option(0.0, "Share of the reward given to the answer's format (exactly num_digits "
+                                  "digits), as a second component `format`; `correct_digits` gets the rest. "
+                                  "0 reports `correct_digits` alone; 0.1 gives gdpo two components.",
+                                  validator=[attrs.validators.ge(0.0), attrs.validators.lt(1.0)])
+
+    def num_reward_components(self) -> int:
+        return 2 if self.format_weight > 0 else 1
 
 
 REVERSE_DIGITS = ComponentSpec(
@@ -25,8 +35,9 @@ REVERSE_DIGITS = ComponentSpec(
     impl="grpo_sdk.environments.reverse_digits:ReverseDigitsEnvironment",
     config="grpo_sdk.environments.specs:ReverseDigitsConfig",
     capabilities={"generates_prompts"},
-    metrics={"exact_match"},
-    summary="Synthetic task: reverse a digit string; partial credit per correct position.",
+    metrics={"exact_match", "format_fraction"},
+    summary="Synthetic task: reverse a digit string; partial credit per correct position (and, with "
+            "format_weight, a format component).",
 )
 
 
@@ -56,4 +67,53 @@ MATH = ComponentSpec(
     metrics={"extracted_fraction", "boxed_fraction"},
     summary="Math word problems: reward 1 when the final answer (\\boxed{} or plain) equals the gold answer "
             "under math-verify.",
+)
+
+
+# "module:function" (dotted on both sides: "pkg.rewards:Rewards.score"), or a process-local
+# reference to a callable passed through the Python API ("callable:<name>#<n>").
+FUNCTION_ENTRY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+LOCAL_REFERENCE = re.compile(r"^callable:[^#\s]+#\d+$")
+
+
+def _check_functions(instance: Any, attribute: Any, value: list[str]) -> None:
+    if not value:
+        raise ValueError("is empty: name at least one reward function as 'module:function', e.g. "
+                         "[my_rewards:correctness]")
+    bad = [entry for entry in value if not (FUNCTION_ENTRY.match(entry) or LOCAL_REFERENCE.match(entry))]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not 'module:function' "
+                         "(a module importable from the current directory or an installed package, and a "
+                         "function in it), e.g. my_rewards:correctness")
+
+
+@attrs.frozen(kw_only=True)
+class RewardFunctionsConfig:
+    functions: list[str] = option(factory=list, validator=_check_functions, help=(
+        "Reward functions, each 'module:function' (the module importable from the current directory or an "
+        "installed package), called as fn(prompts, completions, **columns) -> one float (or None) per "
+        "completion; each is a reward component named after the function."))
+    weights: list[float] | None = option(None, "Weight of each function's reward, in the order of functions; "
+                                         "null weighs all 1.0. The total reward is the weighted sum.")
+
+    def num_reward_components(self) -> int:
+        return len(self.functions)
+
+
+def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
+    if options is None or options.weights is None or len(options.weights) == len(options.functions):
+        return []
+    return [("env.reward_functions.weights", f"{len(options.weights)} weights for {len(options.functions)} "
+             "functions (env.reward_functions.functions); give one weight per function, in the same order, "
+             "or null for all 1.0")]
+
+
+REWARD_FUNCTIONS = ComponentSpec(
+    name="reward_functions",
+    kind="environment",
+    impl="grpo_sdk.environments.reward_functions:RewardFunctionsEnvironment",
+    config="grpo_sdk.environments.specs:RewardFunctionsConfig",
+    check="grpo_sdk.environments.specs:check_reward_functions",
+    summary="Rewards from plain Python functions fn(prompts, completions, **columns) named 'module:function'; "
+            "one weighted component each.",
 )

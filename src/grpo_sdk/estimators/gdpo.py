@@ -53,7 +53,8 @@ class GDPOEstimator:
             raise ValueError(
                 f"the gdpo estimator needs at least 2 named reward components, but this batch has "
                 f"{len(names)}: {names}. Use an environment whose reward has several named components "
-                f"(e.g. 'correctness' and 'format'), or set grpo.adv_estimator.name to 'grpo' for a single reward.")
+                f"(env.reverse_digits.format_weight=0.1 gives 'correct_digits' and 'format'; env.name=reward_functions "
+                f"with several functions gives one each), or set grpo.adv_estimator.name to 'grpo' for a single reward.")
         weights = self.config.reward_weights
         if weights is None:
             weights = [1.0] * len(names)

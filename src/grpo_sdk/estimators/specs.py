@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import attrs
 
-from grpo_sdk.plugins import option
-from grpo_sdk.plugins import ComponentSpec
+from typing import Any
+
+from grpo_sdk.plugins import ComponentSpec, DeclaresRewardComponents, option
+
+MULTI_REWARD_HINT = ("use an environment whose reward has several named components: "
+                     "env.reverse_digits.format_weight=0.1 (correct_digits and format), or env.name=reward_functions "
+                     "with several env.reward_functions.functions")
 
 
 @attrs.frozen(kw_only=True)
@@ -30,6 +35,25 @@ class GDPOEstimatorConfig:
     use_leave_one_out_baseline: bool = option(True, "Per component: leave-one-out baseline and std.")
     reward_weights: list[float] | None = option(None, "Weight of each reward component, in the alphabetical "
                                                 "order of their names; null weighs all 1.")
+
+
+def check_gdpo(config: Any, options: GDPOEstimatorConfig | None, registry: Any) -> list[tuple[str, str]]:
+    """gdpo against the environment's reward components, when its config block declares how many
+    (``DeclaresRewardComponents``): at least two, and one weight per component."""
+    env = config.env
+    block = env.structured_blocks.get(env.name)
+    if not isinstance(block, DeclaresRewardComponents):
+        return []
+    count = block.num_reward_components()
+    if count < 2:
+        return [("grpo.adv_estimator.name", f"gdpo weighs several reward components, but environment {env.name!r} "
+                 f"as configured reports {count}; {MULTI_REWARD_HINT}, or use grpo for a single reward")]
+    weights = options.reward_weights if options is not None else None
+    if weights is not None and len(weights) != count:
+        return [("grpo.adv_estimator.reward_weights", f"{len(weights)} weights for the {count} reward components "
+                 f"of environment {env.name!r}; give one per component (in the alphabetical order of their "
+                 "names), or null for all 1")]
+    return []
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +84,7 @@ GDPO = ComponentSpec(
     impl="grpo_sdk.estimators.gdpo:GDPOEstimator",
     config="grpo_sdk.estimators.specs:GDPOEstimatorConfig",
     capabilities={"group_baseline"},
+    check="grpo_sdk.estimators.specs:check_gdpo",
     summary="Multi-reward: one GRPO advantage per reward component, weighted sum, whitened over the batch.",
 )
 

@@ -47,6 +47,7 @@ from grpo_sdk.core.errors import (
 from grpo_sdk.core.protocols import (
     AdvantageEstimator,
     Checkpointable,
+    DeclaresRewardComponents,
     Environment,
     Generation,
     Logger,
@@ -93,6 +94,7 @@ __all__ = [
     "ConfigError",
     "ConfigSection",
     "DataError",
+    "DeclaresRewardComponents",
     "Environment",
     "EnvironmentReturn",
     "EnvironmentStepError",

@@ -7,6 +7,13 @@ source is built, so a bad row fails at start-up rather than at step 900, and eve
 carries a ``source`` label (``"data/train.jsonl line 7"``, ``"data/train.parquet row 17"``;
 lines count from 1 as an editor shows them, rows from 0 as ``table[i]`` indexes them).
 
+A row is either plain (its ``data.prompt_key`` holds the prompt text) or conversational (TRL's
+format): a ``messages`` key, or a prompt key holding a list of ``{"role", "content"}`` dicts. A
+conversational prompt is always rendered with the tokenizer's chat template, ending with the
+generation prompt; ``data.system_prompt`` is put first when the row has no system message, and
+``data.prompt_template`` (text only) is refused for it. The environment then sees the row's
+messages in the message log (see ``trainer.rollout``).
+
 Every source has ``next_prompts(count)``, ``epoch`` (completed passes) and a JSON-serialisable
 ``state_dict()``; ``load_state_dict`` on a freshly built source over the same data makes it
 continue with exactly the prompts the saved one would have produced (exact resume). Nothing
@@ -37,12 +44,17 @@ TOO_LONG_HINT = ("(data.max_input_seq_length, or policy.max_total_sequence_lengt
                  "policy.generation.max_new_tokens)")
 
 
+MESSAGES_KEY = "messages"  # a conversational row's key when it has no data.prompt_key (TRL's name)
+
+
 @attrs.frozen(kw_only=True)
 class Prompt:
-    text: str  # after data.prompt_template and the chat template: what the model is shown
+    text: str  # after data.prompt_template and the chat template: what the model is shown ("" until rendered)
     metadata: dict[str, Any]  # the row's other keys, passed to the environment
     source: str  # where it came from, for error messages
     token_ids: tuple[int, ...] | None = None  # `text` tokenized once at load; None: the rollout tokenizes it
+    # A conversational row's messages, as written (plus data.system_prompt); None for a plain prompt.
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 # --- reading rows ---------------------------------------------------------------------------------
@@ -167,6 +179,80 @@ class PromptBuilder:
         rendered = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
         return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
+    def with_system(self, messages: Sequence[dict[str, str]]) -> tuple[dict[str, str], ...]:
+        """A conversation with ``data.system_prompt`` first, unless it has a system message of its own."""
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            return ({"role": "system", "content": self.system_prompt}, *messages)
+        return tuple(messages)
+
+    def encode_conversations(self, conversations: Sequence[Sequence[dict[str, str]]], sources: Sequence[str],
+                             ) -> tuple[list[str], list[list[int]] | None]:
+        """Conversations rendered by the chat template and their token ids (``("", None)`` per
+        conversation without a tokenizer: the rollout renders them)."""
+        if self.tokenizer is None:
+            return [""] * len(conversations), None
+        if not conversations:
+            return [], []
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise DataError(f"{sources[0]}: a conversational row ({MESSAGES_KEY}) is rendered with the tokenizer's "
+                            f"chat template, but the tokenizer {getattr(self.tokenizer, 'name_or_path', '')!r} has "
+                            "none; use an instruct model's tokenizer (policy.tokenizer.name), or give plain-text "
+                            "prompts under data.prompt_key")
+        rendered = render_conversations(self.tokenizer, conversations, sources)
+        return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]],
+                         sources: Sequence[str]) -> list[str]:
+    """The chat template's text of each conversation, ending with the generation prompt; a template
+    that rejects one (Jinja's ``raise_exception`` on an unexpected role order) names its row."""
+    try:
+        return tokenizer.apply_chat_template([list(c) for c in conversations], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - find the row the template refused, one at a time
+        pass
+    out = []
+    for conversation, where in zip(conversations, sources):
+        try:
+            out.append(tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
+        except Exception as exc:  # noqa: BLE001 - Jinja's TemplateError and whatever the template raises
+            raise DataError(f"{where}: the tokenizer's chat template cannot render this conversation: "
+                            f"{type(exc).__name__}: {exc}") from None
+    return out
+
+
+def check_messages(value: Any, where: str, key: str) -> tuple[dict[str, str], ...]:
+    """A conversational prompt as ``{"role", "content"}`` dicts; anything else names the row and the message."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DataError(f"{where}: {key!r} must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
+                        f"messages, got {_describe(value)}")
+    messages = []
+    for i, message in enumerate(value):
+        at = f"{where}: {key}[{i}]"
+        if not isinstance(message, dict):
+            raise DataError(f"{at} must be an object with 'role' and 'content', got {_describe(message)}")
+        missing = [k for k in ("role", "content") if k not in message]
+        if missing:
+            raise DataError(f"{at} has no {' or '.join(map(repr, missing))} key; keys: {sorted(map(str, message))}")
+        role, content = message["role"], message["content"]
+        if not isinstance(role, str) or not role.strip():
+            raise DataError(f"{at}: 'role' must be a non-empty string such as 'user', got {_describe(role)}")
+        if not isinstance(content, str):
+            raise DataError(f"{at}: 'content' must be a string, got {_describe(content)}")
+        messages.append({"role": role, "content": content})
+    if messages[-1]["role"] == "assistant":
+        raise DataError(f"{where}: the last message of {key!r} is the assistant's, so the prompt would show the "
+                        "model its answer; keep only the turns before the response (the answer can go in another "
+                        "column, for the reward)")
+    if not any(m["content"].strip() for m in messages):
+        raise DataError(f"{where}: every message of {key!r} is empty")
+    return tuple(messages)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:60] + '...'}"
+
 
 def make_builder(data_cfg: Any, tokenizer: Any) -> PromptBuilder:
     if data_cfg.use_chat_template:
@@ -226,23 +312,34 @@ def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, m
                  filter_long: bool, num_workers: int = 1, key: str = "data.train_path",
                  label: str = "") -> list[Prompt]:
     """Every prompt of a dataset, checked, templated and tokenized (too long ones dropped with a
-    warning that counts them, when ``filter_long``)."""
-    texts, metadata, sources = [], [], []
+    warning that counts them, when ``filter_long``). Plain and conversational rows may mix."""
+    texts, metadata, sources, conversations = [], [], [], {}  # conversations: row index -> messages
     for where, row in read_rows(path):
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object with a {prompt_key!r} key, got {type(row).__name__}")
-        if prompt_key not in row:
-            raise DataError(f"{where}: no {prompt_key!r} key (data.prompt_key); keys: {sorted(row)}")
-        meta = {k: v for k, v in row.items() if k != prompt_key}
-        text = row[prompt_key]
-        if not isinstance(text, str) or not text:
-            raise DataError(f"{where}: {prompt_key!r} must be a non-empty string, got {text!r}")
-        texts.append(builder.fill_template(text, meta, where))
+        column = prompt_key if prompt_key in row else MESSAGES_KEY if MESSAGES_KEY in row else None
+        if column is None:
+            raise DataError(f"{where}: no {prompt_key!r} key (data.prompt_key) and no {MESSAGES_KEY!r}; "
+                            f"keys: {sorted(row)}")
+        meta = {k: v for k, v in row.items() if k != column}
+        text = row[column]
+        if column == MESSAGES_KEY or isinstance(text, (list, tuple)):
+            if builder.template is not None:
+                raise DataError(f"{where}: data.prompt_template formats plain-text prompts, but this row is "
+                                f"conversational ({column!r} holds messages); unset data.prompt_template or write "
+                                "the wording into the messages")
+            conversations[len(texts)] = builder.with_system(check_messages(text, where, column))
+            texts.append("")
+        elif not isinstance(text, str) or not text:
+            raise DataError(f"{where}: {prompt_key!r} must be a non-empty string (or a list of messages), "
+                            f"got {text!r}")
+        else:
+            texts.append(builder.fill_template(text, meta, where))
         metadata.append(meta)
         sources.append(where + label)
     if not texts:
         raise DataError(f"{key}: {path} holds no rows")
-    texts, ids = encode_texts(builder, texts, num_workers)
+    texts, ids = _encode_rows(builder, texts, conversations, sources, num_workers)
     prompts, too_long = [], []
     for i, text in enumerate(texts):
         if ids is not None and max_prompt_tokens is not None and len(ids[i]) > max_prompt_tokens:
@@ -252,13 +349,30 @@ def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, m
             too_long.append(sources[i])
             continue
         prompts.append(Prompt(text=text, metadata=metadata[i], source=sources[i],
-                              token_ids=tuple(ids[i]) if ids is not None else None))
+                              token_ids=tuple(ids[i]) if ids is not None else None, messages=conversations.get(i)))
     if too_long:
         log.warning("%s: dropped %d of %d prompts longer than %d tokens (data.filter_long_prompts), first: %s",
                     path, len(too_long), len(texts), max_prompt_tokens, too_long[0])
     if not prompts:
         raise DataError(f"{key}: every prompt of {path} is longer than {max_prompt_tokens} tokens {TOO_LONG_HINT}")
     return prompts
+
+
+def _encode_rows(builder: PromptBuilder, texts: list[str], conversations: dict[int, tuple[dict[str, str], ...]],
+                 sources: list[str], num_workers: int) -> tuple[list[str], list[list[int]] | None]:
+    """``encode_texts`` for the plain rows and the chat template for the conversational ones, in row order."""
+    plain = [i for i in range(len(texts)) if i not in conversations]
+    chat = sorted(conversations)
+    plain_texts, plain_ids = encode_texts(builder, [texts[i] for i in plain], num_workers)
+    chat_texts, chat_ids = builder.encode_conversations([conversations[i] for i in chat], [sources[i] for i in chat])
+    out_texts: list[str] = [""] * len(texts)
+    out_ids: list[list[int]] = [[]] * len(texts)
+    for rows, part_texts, part_ids in ((plain, plain_texts, plain_ids), (chat, chat_texts, chat_ids)):
+        for j, i in enumerate(rows):
+            out_texts[i] = part_texts[j]
+            if part_ids is not None:
+                out_ids[i] = part_ids[j]
+    return out_texts, None if builder.tokenizer is None else out_ids
 
 
 # --- prompt sources -------------------------------------------------------------------------------
@@ -268,6 +382,8 @@ def _fingerprint(prompts: Sequence[Prompt]) -> str:
     digest = hashlib.sha256()
     for p in prompts:
         digest.update(f"{p.source}\0{p.text}\0".encode())
+        if p.messages is not None:  # unrendered (no tokenizer) conversations have no text yet
+            digest.update(json.dumps(p.messages).encode())
     return digest.hexdigest()[:16]
 
 

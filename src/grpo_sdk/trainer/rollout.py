@@ -4,6 +4,12 @@ Decoding and the loss mask stop at the same place, the first stop token or ``max
 (a prototype that decoded up to ``<pad>`` but masked up to ``<eos>`` taught the policy to emit
 ``<pad>`` as a terminator). Any other special token inside a response is decoded as text, so
 the environment sees it and scores it as wrong.
+
+The message log an environment gets: ``[user, assistant]`` for a plain prompt (the user message
+holds the prompt as the model saw it, templates applied, and its token ids); for a
+conversational row the row's own messages (raw content, no token ids: the chat template rendered
+them together) followed by the assistant message. The assistant message holds the response's
+token ids and generation logprobs either way.
 """
 
 from __future__ import annotations
@@ -14,17 +20,23 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from grpo_sdk.trainer.data import Prompt
+from grpo_sdk.trainer.data import Prompt, PromptBuilder
 from grpo_sdk.core.errors import DataError, EnvironmentStepError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, SamplingParams, TrainBatch
 from grpo_sdk.runtime.deadlines import CallTimeout, WorkerError
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
-    """Token ids of each prompt: as tokenized when the dataset was loaded, else tokenized now."""
-    fresh = [p.text for p in prompts if getattr(p, "token_ids", None) is None]
-    encoded = iter(tokenizer(fresh, add_special_tokens=True)["input_ids"] if fresh else [])
-    ids = [list(p.token_ids) if getattr(p, "token_ids", None) is not None else next(encoded) for p in prompts]
+    """Token ids of each prompt: as tokenized when the dataset was loaded, else tokenized now (a
+    conversational prompt rendered by the chat template first, as ``load_prompts`` does)."""
+    fresh = [p for p in prompts if getattr(p, "token_ids", None) is None]
+    plain = [p.text for p in fresh if getattr(p, "messages", None) is None]
+    chats = [p for p in fresh if getattr(p, "messages", None) is not None]
+    encoded = iter(tokenizer(plain, add_special_tokens=True)["input_ids"] if plain else [])
+    rendered = iter(PromptBuilder(tokenizer=tokenizer).encode_conversations(
+        [p.messages for p in chats], [p.source for p in chats])[1] if chats else [])
+    ids = [list(p.token_ids) if getattr(p, "token_ids", None) is not None
+           else next(rendered) if getattr(p, "messages", None) is not None else next(encoded) for p in prompts]
     for prompt, row in zip(prompts, ids):
         if len(row) > max_prompt_tokens:
             raise DataError(f"{prompt.source}: prompt is {len(row)} tokens, longer than the {max_prompt_tokens} "
@@ -46,6 +58,22 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 
 def _short(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def prompt_message(log: Sequence[Message]) -> Message:
+    """The message a response answers: the last non-assistant message before it (``log[0]`` of a
+    plain prompt's ``[user, assistant]``; the last user turn of a conversation)."""
+    for message in reversed(log[:-1]):
+        if message.role != "assistant":
+            return message
+    return log[0]
+
+
+def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
+    """The messages before the response: the row's own for a conversational prompt, else one user message."""
+    if prompt.messages is not None:
+        return [Message(role=m["role"], content=m["content"]) for m in prompt.messages]
+    return [Message(role="user", content=prompt.text, token_ids=tuple(prompt_ids))]
 
 
 class RewardFailure(Exception):
@@ -88,17 +116,23 @@ def _check_metrics(metrics: Any, env_name: str) -> dict[str, float]:
 
 
 def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: list[dict[str, Any]],
-          sources: list[str], on_error: str) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
-    """Rewards per component ``[B]``, a ``[B]`` bool of usable rewards, and env metrics.
+          sources: list[str], on_error: str
+          ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Rewards per component ``[B]``, a ``[B]`` bool of usable rewards, a ``[B]`` bool of samples
+    with no reward, and env metrics.
 
-    If the batched call raises, each sample is retried alone to find which ones fail, so the
-    error (or the masking) names the sample instead of the whole batch.
+    A reward of None means "no reward" (``EnvironmentReturn``): a sample whose every component is
+    None leaves the loss and the baseline like a failure, but is no failure (never raised, not in
+    ``env.max_failed_fraction``); a None next to a number counts 0. If the batched call raises,
+    each sample is retried alone to find which ones fail, so the error (or the masking) names the
+    sample instead of the whole batch.
     """
     size = len(logs)
     entries: list[dict[str, float] | Exception]
 
     def describe(i: int) -> str:
-        return f"sample {i} ({sources[i]}, prompt {_short(logs[i][0].content)}, response {_short(logs[i][-1].content)})"
+        return (f"sample {i} ({sources[i]}, prompt {_short(prompt_message(logs[i]).content)}, "
+                f"response {_short(logs[i][-1].content)})")
 
     try:
         ret = _check_return(environment.step(logs, metadata), size)
@@ -131,12 +165,17 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
 
     rewards = {name: torch.zeros(size, dtype=torch.float32) for name in names}
     valid = torch.ones(size, dtype=torch.bool)
+    missing = torch.zeros(size, dtype=torch.bool)
     for i, entry in enumerate(entries):
+        present = {} if isinstance(entry, Exception) else {n: v for n, v in entry.items() if v is not None}
+        if not isinstance(entry, Exception) and not present:
+            missing[i], valid[i] = True, False  # no reward: out of the loss and the baseline, not a failure
+            continue
         failure = entry if isinstance(entry, Exception) else next(
-            (RewardFailure(f"reward {n!r} is {v!r}, not a finite number") for n, v in entry.items()
+            (RewardFailure(f"reward {n!r} is {v!r}, not a finite number") for n, v in present.items()
              if _as_reward(v) is None), None)
         if failure is None:
-            for name, value in entry.items():
+            for name, value in present.items():  # a None beside a scored component counts 0
                 rewards[name][i] = _as_reward(value)
         elif on_error == "raise":
             raise EnvironmentStepError(
@@ -144,7 +183,7 @@ def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: 
                 "(env.on_reward_error=mask drops such samples from the loss instead)") from failure
         else:
             valid[i] = False  # its reward stays 0 and it leaves the loss and the baseline
-    return rewards, valid, metrics
+    return rewards, valid, missing, metrics
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -163,7 +202,8 @@ class RolloutBatch:
     truncated: torch.Tensor  # [B] bool
     group_ids: torch.Tensor  # [B]
     reward_components: dict[str, torch.Tensor]  # name -> [B], as the environment returned them
-    reward_valid: torch.Tensor  # [B] bool: False where the environment failed (env.on_reward_error=mask)
+    reward_valid: torch.Tensor  # [B] bool: False where the environment failed (env.on_reward_error=mask) or gave no reward
+    reward_missing: torch.Tensor  # [B] bool: True where the environment gave no reward (every component None)
     message_logs: list[list[Message]]
     metadata: list[dict[str, Any]]
     pad_token_id: int
@@ -210,7 +250,7 @@ class RolloutBatch:
             generation_logprobs=pad("generation_logprobs", response_width, False, 0.0),
             truncated=cat("truncated"), group_ids=cat("group_ids"),
             reward_components={k: torch.cat([b.reward_components[k] for b in batches]) for k in first.reward_components},
-            reward_valid=cat("reward_valid"),
+            reward_valid=cat("reward_valid"), reward_missing=cat("reward_missing"),
             message_logs=[log for b in batches for log in b.message_logs],
             metadata=[m for b in batches for m in b.metadata],
             pad_token_id=first.pad_token_id, weight_version=min(b.weight_version for b in batches),
@@ -256,19 +296,17 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
         tokens = response_rows[i][:lengths[i]]
         text_tokens = tokens if truncated[i] else tokens[:-1]  # drop the stop token from the text
         text = tokenizer.decode(text_tokens, skip_special_tokens=False)
-        logs.append([
-            Message(role="user", content=prompt.text, token_ids=tuple(rows[i])),
-            Message(role="assistant", content=text, token_ids=tuple(tokens),
-                    generation_logprobs=tuple(logprob_rows[i][:lengths[i]])),
-        ])
+        logs.append([*prompt_log(prompt, rows[i]),
+                     Message(role="assistant", content=text, token_ids=tuple(tokens),
+                             generation_logprobs=tuple(logprob_rows[i][:lengths[i]]))])
         metadata.append(dict(prompt.metadata))
-    rewards, valid, env_metrics = score(environment, cfg.env.name, logs, metadata,
-                                        [p.source for p in row_prompts], cfg.env.on_reward_error)
+    rewards, valid, missing, env_metrics = score(environment, cfg.env.name, logs, metadata,
+                                                 [p.source for p in row_prompts], cfg.env.on_reward_error)
     batch = RolloutBatch(
         prompt_ids=input_ids, prompt_mask=attention_mask, response_ids=out.response_ids,
         response_lengths=out.response_lengths, generation_logprobs=out.logprobs, truncated=out.truncated.bool(),
         group_ids=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G),
-        reward_components=rewards, reward_valid=valid, message_logs=logs, metadata=metadata,
+        reward_components=rewards, reward_valid=valid, reward_missing=missing, message_logs=logs, metadata=metadata,
         pad_token_id=tokenizer.pad_token_id, weight_version=out.weight_version,
     )
     return batch, {f"env/{k}": float(v) for k, v in env_metrics.items()}
@@ -277,12 +315,14 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
 def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[str, float]:
     """Statistics of every row generated this step (all generation batches), valid rewards only."""
     valid = torch.cat([b.reward_valid for b in batches])
+    missing = torch.cat([b.reward_missing for b in batches])
     rewards = torch.cat([b.rewards for b in batches])[valid]
     lengths = torch.cat([b.response_lengths for b in batches])
     metrics = {
         "reward/mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "reward/num_failed": float((~valid).sum()),
+        "reward/num_failed": float((~valid & ~missing).sum()),
+        "reward/num_no_reward": float(missing.sum()),
         "response_length/mean": float(lengths.float().mean()),
         "truncated_fraction": float(torch.cat([b.truncated for b in batches]).float().mean()),
         "trivial_group_fraction": float(trivial.float().mean()),
@@ -300,5 +340,5 @@ def example_of(rollouts: RolloutBatch | None) -> dict[str, Any] | None:
     if rollouts is None or rollouts.batch_size == 0:
         return None
     log = rollouts.message_logs[0]
-    return {"prompt": log[0].content, "response": log[-1].content, "reward": float(rollouts.rewards[0]),
+    return {"prompt": prompt_message(log).content, "response": log[-1].content, "reward": float(rollouts.rewards[0]),
             "valid": bool(rollouts.reward_valid[0])}
