@@ -104,6 +104,16 @@ def non_empty(instance: Any, attribute: Any, value: str | None) -> None:
         raise ValueError("must not be empty")
 
 
+def _column_renames(instance: Any, attribute: Any, value: dict[str, str]) -> None:
+    # Two columns renamed to one name would silently drop one of them.
+    if any(not isinstance(k, str) or not isinstance(t, str) or not k or not t for k, t in value.items()):
+        raise ValueError(f"maps column names to new names, both non-empty text: {value!r}")
+    targets = list(value.values())
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise ValueError(f"renames several columns to {twice[0]!r}")
+
+
 def _betas(instance: Any, attribute: Any, value: tuple[float, float]) -> None:
     # torch.optim.AdamW raises at the first step otherwise; 1 would freeze the moment estimate.
     if not all(0 <= b < 1 for b in value):
@@ -324,19 +334,44 @@ class PolicyConfig:
 
 @attrs.frozen(kw_only=True)
 class DatasetConfig:
-    path: str = option(help="A JSONL or Parquet file, or a directory saved by datasets' save_to_disk.")
+    path: str = option(help="A JSONL or Parquet file, a directory saved by datasets' save_to_disk, or a hub "
+                       "dataset `hf:NAME` (as data.train_path).")
     weight: float = option(1.0, "Share of each step's prompts drawn from this dataset, relative to the others.",
                            validator=positive)
     prompt_key: str | None = option(None, "Key of the prompt text; null uses data.prompt_key.", validator=non_empty)
+    subset: str | None = option(None, "hf: datasets: the subset (configuration) to load; null uses data.subset.",
+                                validator=non_empty)
+    split: str | None = option(None, "hf: datasets: the split to read; null uses data.split.", validator=non_empty)
+    columns: dict[str, str] | None = option(None, "Column renames for this dataset; null uses data.columns.",
+                                            validator=v.optional(_column_renames))
 
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    train_path: str | None = option(None, "Training prompts: a JSONL or Parquet file, or a directory saved by "
-                                    "datasets' save_to_disk; null: the environment generates prompts (synthetic "
-                                    "tasks).")
+    train_path: str | None = option(None, "Training prompts: a JSONL or Parquet file, a directory saved by "
+                                    "datasets' save_to_disk, or a dataset loaded with datasets.load_dataset: "
+                                    "`hf:NAME` (a hub id such as hf:openai/gsm8k, or a local directory laid out "
+                                    "like a hub dataset repo); null: the environment generates prompts "
+                                    "(synthetic tasks).")
     validation_path: str | None = option(None, "Validation prompts, in the same formats; null: the environment "
                                          "generates them (synthetic tasks) or there is no validation.")
+    subset: str | None = option(None, "hf: datasets: the subset (configuration) to load, e.g. 'main' for "
+                                "hf:openai/gsm8k; null: the dataset's only or default one.", validator=non_empty)
+    split: str = option("train", "hf: datasets: the split data.train_path is read from.", validator=non_empty)
+    validation_split: str = option("test", "hf: datasets: the split data.validation_path is read from ('test': "
+                                   "what most hub datasets, GSM8K and MATH among them, ship beside 'train').",
+                                   validator=non_empty)
+    revision: str | None = option(None, "hf: hub datasets: the branch, tag or commit to load; a commit pins the "
+                                  "rows, so a resume reads exactly what the run started on (a resume from other "
+                                  "rows is refused). Null: the default branch.", validator=non_empty)
+    columns: dict[str, str] = option(factory=dict, help="Rename the dataset's columns before use, any format, e.g. "
+                                     "{question: prompt, answer: target}; a column the data lacks is an error "
+                                     "naming the columns it has.", validator=_column_renames)
+    streaming: bool = option(False, "hf: datasets: stream the rows instead of downloading the dataset whole; "
+                             "needs data.max_rows, since the prompts are read once at start-up (and again on "
+                             "resume, the same first rows).")
+    max_rows: int | None = option(None, "Use only the first this many rows of each training dataset (file or "
+                                  "stream order, before shuffling); null: every row.", validator=v.optional(row_count))
     prompt_key: str = option("prompt", "Key of the prompt text in each row; the other keys are passed "
                              "to the environment as metadata.", validator=non_empty)
     prompt_template: str | None = option(None, "Python format string wrapped around the prompt, e.g. "

@@ -7,8 +7,10 @@ all load them with transformers), so the training loop loads the tokenizer itsel
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from grpo_sdk.core.errors import ModelLoadError
+from grpo_sdk.core.hub import offline_hint, offline_mode, probe
 
 
 def looks_local(name: str) -> bool:
@@ -30,14 +32,30 @@ def check_model_source(name: str, key: str = "policy.model_name") -> None:
         raise ModelLoadError(f"{key}: no model directory at {name}")
 
 
+def load_pretrained(loader: Callable[..., Any], name: str, key: str, **kwargs: Any) -> Any:
+    """``loader(name, **kwargs)`` (a ``from_pretrained``), failing within seconds when ``name`` is a hub
+    id and the hub is out of reach: the cache is used then (``grpo_sdk.core.hub``), and a miss is a
+    ModelLoadError naming ``key`` and what to do, never minutes of retries."""
+    check_model_source(name, key=key)
+    unreachable = None if Path(name).expanduser().is_dir() else probe()
+    try:
+        if unreachable is None:
+            return loader(name, **kwargs)
+        with offline_mode():
+            return loader(name, **kwargs)
+    except OSError as exc:  # transformers reports a missing file, repo or connection as OSError
+        first = f"{exc}".splitlines()[0] if f"{exc}".strip() else type(exc).__name__
+        if unreachable is not None:
+            raise ModelLoadError(f"{key}: {name!r} is not in the local cache and the hub cannot be reached "
+                                 f"({unreachable}); {offline_hint('a local model directory (saved with save_pretrained)')}"
+                                 ) from exc
+        raise ModelLoadError(f"{key}: could not load {name!r}: {first}") from exc
+
+
 def load_tokenizer(name: str, key: str = "policy.tokenizer.name"):
     from transformers import AutoTokenizer
 
-    check_model_source(name, key=key)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except OSError as exc:
-        raise ModelLoadError(f"{key}: could not load {name!r}: {exc}".splitlines()[0]) from exc
+    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, name, key)
     if tokenizer.pad_token_id is None:  # many causal LMs ship without a pad token
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -11,8 +11,10 @@ neither torch nor transformers nor ray; the functions that need them import them
   ``LossConfig`` (the ``loss_fn`` section, ``context.config.loss_fn``), ``MasterConfig`` (the
   type of ``RunContext.config``) and ``dump_config`` (a config as plain YAML-ready data).
 * Models: ``check_model_source`` (a missing local path is an error naming the key, before
-  transformers guesses a hub id) and ``load_tokenizer`` (a Hugging Face tokenizer, pad token
-  defaulting to EOS; imports transformers when called). A component that only needs the EOS and
+  transformers guesses a hub id), ``load_pretrained`` (a ``from_pretrained`` call that fails
+  within seconds, with a hint, when a hub id meets an unreachable hub and an empty cache) and
+  ``load_tokenizer`` (a Hugging Face tokenizer, pad token defaulting to EOS; imports transformers
+  when called). A component that only needs the EOS and
   pad ids reads ``RunContext.eos_token_id`` / ``pad_token_id`` instead.
 * Metrics: ``sum_micro_batches`` / ``average_optimizer_steps``, how a policy backend combines
   the loss's per-micro-batch metrics (sums; ``_min``/``_max`` keys take the extreme).
@@ -39,7 +41,7 @@ from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConf
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
 from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
-from grpo_sdk.core.models import check_model_source, load_tokenizer
+from grpo_sdk.core.models import check_model_source, load_pretrained, load_tokenizer
 
 
 def dump_config(config: Any) -> Any:
@@ -67,6 +69,7 @@ __all__ = [
     "dump_config",
     "free_port",
     "fsync_dir",
+    "load_pretrained",
     "load_tokenizer",
     "node_ip",
     "non_negative",

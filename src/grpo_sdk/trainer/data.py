@@ -36,6 +36,7 @@ import attrs
 
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.core.protocols import PromptSampler
+from grpo_sdk.trainer.hub_data import data_source
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,12 @@ class Prompt:
 
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(where, row)`` for every row of a JSONL/JSON/Parquet file or a save_to_disk directory."""
+    """``(where, row)`` for every row of a JSONL/JSON/Parquet file or a save_to_disk directory; of
+    ``hf:NAME`` and of a ``hub_data.DataSource`` (split, subset, columns...) through hub_data."""
+    if not isinstance(path, (str, Path)) or str(path).startswith("hf:"):
+        from grpo_sdk.trainer.hub_data import source_rows
+
+        return source_rows(path)
     path = Path(path).expanduser()
     try:
         mode = path.stat().st_mode
@@ -541,14 +547,15 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
     if data.use_multiple_dataloader:
         parts = []
         for i, ds in enumerate(data.datasets):
-            prompts = load_prompts(ds.path, prompt_key=ds.prompt_key or data.prompt_key, **options,
+            prompts = load_prompts(data_source(data, "datasets", i), prompt_key=ds.prompt_key or data.prompt_key,
+                                   **options,
                                    key=f"data.datasets[{i}].path", label=f" (data.datasets[{i}])")
             parts.append(DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed, salt=f"train{i}"))
         _check_step_fits(cfg, sum(len(p.prompts) for p in parts), "data.datasets",
                          ", ".join(ds.path for ds in data.datasets))
         return MixturePrompts(parts, [ds.weight for ds in data.datasets])
     if data.train_path:
-        prompts = load_prompts(data.train_path, prompt_key=data.prompt_key, **options)
+        prompts = load_prompts(data_source(data, "train"), prompt_key=data.prompt_key, **options)
         _check_step_fits(cfg, len(prompts), "data.train_path", data.train_path)
         return DatasetPrompts(prompts, shuffle=data.shuffle, seed=seed)
     if isinstance(environment, PromptSampler):
@@ -577,7 +584,8 @@ def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
     data, limit = cfg.data, cfg.grpo.max_val_samples
     builder = make_builder(data, tokenizer)
     if data.validation_path:
-        prompts = load_prompts(data.validation_path, prompt_key=data.prompt_key, builder=builder,
+        prompts = load_prompts(data_source(data, "validation", max_rows=limit), prompt_key=data.prompt_key,
+                               builder=builder,
                                max_prompt_tokens=max_prompt_tokens, filter_long=data.filter_long_prompts,
                                num_workers=data.num_workers, key="data.validation_path")
         return prompts[:limit]

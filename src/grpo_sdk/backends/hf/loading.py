@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grpo_sdk.plugins import ModelLoadError
 from grpo_sdk.plugins.tensors import process_logits, token_logprobs
-from grpo_sdk.plugins.toolkit import check_model_source
+from grpo_sdk.plugins.toolkit import load_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -14,14 +13,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def load_model(name: str, *, dtype: str, device: str, attn_implementation: str | None = None):
     from transformers import AutoModelForCausalLM
 
-    check_model_source(name)
     kwargs = {"dtype": DTYPES[dtype]}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    try:
-        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
-    except OSError as exc:
-        raise ModelLoadError(f"policy.model_name: could not load {name!r}: {exc}".splitlines()[0]) from exc
+    model = load_pretrained(AutoModelForCausalLM.from_pretrained, name, "policy.model_name", **kwargs)
     # No dropout anywhere: eval mode keeps the logprobs of the sampler, of the old policy and of
     # the training forward pass identical for identical weights (gradients still flow).
     return model.to(device).eval()
