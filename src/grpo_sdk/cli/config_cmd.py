@@ -10,7 +10,7 @@ from typing import Any, Optional
 import attrs
 import typer
 
-from grpo_sdk.cli.common import EPILOG, guarded, load_plugin_modules
+from grpo_sdk.cli.common import EPILOG, get_registry, guarded, load_plugin_modules
 from grpo_sdk.core import config as C
 
 app = typer.Typer(help="Show, validate and document run configs.", no_args_is_help=True, epilog=EPILOG)
@@ -47,13 +47,23 @@ def show(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]
 @app.command()
 def validate(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]] = FILES,
              plugin_modules: Optional[list[str]] = PLUGIN_MODULES) -> None:
-    """Check a config without loading any model: unknown keys, types, ranges, cross-field rules, plugins."""
+    """Check a config without loading any model: unknown keys, types, ranges, cross-field rules, plugins,
+    and what the run would fail on at start-up (data files, model sources, prompt lengths)."""
     def body() -> None:
+        from grpo_sdk.cli.preflight import preflight
+        from grpo_sdk.core.errors import ConfigError
+
         cfg = _load(config, overrides, plugin_modules)
+        notes: list[str] = []
+        problems = preflight(cfg, get_registry(), notes)
+        if problems:
+            raise ConfigError(problems)
         rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
         print(f"config OK: policy {cfg.policy.backend} ({cfg.policy.model_name}), generation "
               f"{cfg.policy.generation.backend}, estimator {cfg.grpo.adv_estimator.name}, env {cfg.env.name}, "
               f"weight sync {cfg.weight_sync.backend}; {rows} rollouts per step, {cfg.grpo.max_num_steps} steps")
+        for note in notes:
+            print(f"  {note}")
 
     guarded(body)
 

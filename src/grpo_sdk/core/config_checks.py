@@ -264,11 +264,27 @@ def check_lifecycle(cfg: C.MasterConfig, registry: Any) -> list[tuple[str, str]]
         problems.append(("checkpointing.metric_name", f"{ckpt.metric_name!r} must start with train: or val:"))
     if data.prompt_template is not None:
         problems += [("data.prompt_template", m) for m in template_problems(data.prompt_template)]
+    problems += check_hub_options(data)
     if ckpt.checkpoint_must_save_by is not None:
         try:
             parse_duration(ckpt.checkpoint_must_save_by)
         except ValueError as exc:
             problems.append(("checkpointing.checkpoint_must_save_by", str(exc)))
+    return problems
+
+
+def check_hub_options(data: C.DataConfig) -> list[tuple[str, str]]:
+    """data.streaming and data.revision apply to hf: datasets only; a stream is read up to data.max_rows."""
+    paths = [data.validation_path] + ([ds.path for ds in data.datasets] if data.use_multiple_dataloader
+                                      else [data.train_path])
+    hub = any((p or "").startswith("hf:") for p in paths)
+    problems = []
+    for key in ("streaming", "revision", "subset"):
+        if getattr(data, key) not in (None, False) and not hub:
+            problems.append((f"data.{key}", "applies to hf: datasets only, and no data path here starts with hf:"))
+    if data.streaming and data.max_rows is None:
+        problems.append(("data.max_rows", "is required with data.streaming=true: the prompts are read whole at "
+                         "start-up and the same first rows again on resume, so the stream must be cut"))
     return problems
 
 
