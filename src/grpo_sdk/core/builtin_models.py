@@ -13,6 +13,11 @@ CHARACTERS = tuple("0123456789abcdefgh+=>")  # the character tokenizer's vocabul
 class BuiltinModel:
     n_positions: int  # the context length
     vocab_size: int
+    # GPT-2's shape: the run plan counts the parameters from these without building the model.
+    n_embd: int
+    n_layer: int
+    n_head: int
 
 
-BUILTIN_MODELS = {"tiny-gpt2": BuiltinModel(n_positions=64, vocab_size=len(SPECIAL_TOKENS) + len(CHARACTERS))}
+BUILTIN_MODELS = {"tiny-gpt2": BuiltinModel(n_positions=64, vocab_size=len(SPECIAL_TOKENS) + len(CHARACTERS),
+                                            n_embd=64, n_layer=2, n_head=4)}

@@ -30,8 +30,11 @@ def build_char_tokenizer():
                                    pad_token="<pad>", unk_token="<unk>")
 
 
-def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                    n_positions: int = BUILTIN_MODELS["tiny-gpt2"].n_positions) -> Path:
+_TINY = BUILTIN_MODELS["tiny-gpt2"]
+
+
+def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = _TINY.n_embd, n_layer: int = _TINY.n_layer,
+                    n_head: int = _TINY.n_head, n_positions: int = _TINY.n_positions) -> Path:
     """Write a randomly initialised GPT-2 and its tokenizer to ``out_dir``."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
