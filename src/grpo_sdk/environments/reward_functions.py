@@ -54,7 +54,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from grpo_sdk.environments.specs import LOCAL_REFERENCE, RewardFunctionsConfig
+from grpo_sdk.environments.specs import LOCAL_REFERENCE, NO_FUNCTIONS, RewardFunctionsConfig
 from grpo_sdk.plugins import ConfigError, EnvironmentReturn, EnvironmentStepError, MessageLog, PluginError
 
 KEY = "env.reward_functions.functions"
@@ -83,15 +83,16 @@ def reference_for(fn: Callable[..., Any]) -> str:
         for reference, known in _CALLABLES.items():
             if known is fn:
                 return reference
-        name = "".join(c if c.isalnum() or c == "_" else "" for c in _name_of(fn)) or "function"
-        reference = f"callable:{name}#{len(_CALLABLES) + 1}"
+        reference = f"callable:{_name_of(fn)}#{len(_CALLABLES) + 1}"
         _CALLABLES[reference] = fn
         return reference
 
 
 def _name_of(fn: Any) -> str:
+    """A function's ``__name__`` (a callable object's class name), as a metric-safe name: ``<lambda>`` -> ``lambda``."""
     name = getattr(fn, "__name__", None)
-    return name if isinstance(name, str) and name else type(fn).__name__
+    name = name if isinstance(name, str) and name else type(fn).__name__
+    return "".join(c for c in name if c.isalnum() or c == "_") or "function"
 
 
 def _import_attribute(module_name: str, attr: str) -> Any:
@@ -237,8 +238,8 @@ class RewardFunctionsEnvironment:
     """
 
     def __init__(self, config: RewardFunctionsConfig | None, context: Any):
-        if config is None:
-            raise ConfigError([(KEY, "is empty: name at least one reward function as 'module:function'")])
+        if config is None or not config.functions:
+            raise ConfigError([(KEY, NO_FUNCTIONS)])
         self.config = config
         weights = config.weights if config.weights is not None else [1.0] * len(config.functions)
         if len(weights) != len(config.functions):  # the config check says so first; a direct caller too

@@ -76,10 +76,12 @@ FUNCTION_ENTRY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Z
 LOCAL_REFERENCE = re.compile(r"^callable:[^#\s]+#\d+$")
 
 
+NO_FUNCTIONS = "is empty: name at least one reward function as 'module:function', e.g. [my_rewards:correctness]"
+
+
 def _check_functions(instance: Any, attribute: Any, value: list[str]) -> None:
-    if not value:
-        raise ValueError("is empty: name at least one reward function as 'module:function', e.g. "
-                         "[my_rewards:correctness]")
+    # An empty list is check_reward_functions' to report: attrs validates an absent key's default
+    # too, and would name the block rather than the key.
     bad = [entry for entry in value if not (FUNCTION_ENTRY.match(entry) or LOCAL_REFERENCE.match(entry))]
     if bad:
         raise ValueError(f"{', '.join(map(repr, bad))} {'is' if len(bad) == 1 else 'are'} not 'module:function' "
@@ -101,7 +103,9 @@ class RewardFunctionsConfig:
 
 
 def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
-    if options is None or options.weights is None or len(options.weights) == len(options.functions):
+    if options is None or not options.functions:  # a default is not validated: an absent key lands here
+        return [("env.reward_functions.functions", NO_FUNCTIONS)]
+    if options.weights is None or len(options.weights) == len(options.functions):
         return []
     return [("env.reward_functions.weights", f"{len(options.weights)} weights for {len(options.functions)} "
              "functions (env.reward_functions.functions); give one weight per function, in the same order, "
