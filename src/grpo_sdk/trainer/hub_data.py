@@ -119,7 +119,7 @@ def hub_rows(source: DataSource) -> list[tuple[str, dict[str, Any]]]:
                         "(and the same first rows again on resume), so a stream must end")
     local = bool(name) and Path(name).expanduser().is_dir()
     if not local and not is_hub_id(name):
-        raise DataError(f"{key}: {source.path!r}: {name!r} is neither a hub dataset id (hf:ORG/NAME) nor a "
+        raise DataError(f"{key}: {source.path}: {name!r} is neither a hub dataset id (hf:ORG/NAME) nor a "
                         "directory laid out like a hub dataset repo")
     try:
         import datasets
