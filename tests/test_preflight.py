@@ -138,3 +138,14 @@ def test_validate_never_imports_torch_for_the_built_in_tokenizer(tmp_path):
                        PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "training prompts: 50 prompts checked" in proc.stdout
+
+
+def test_the_torch_free_built_in_tokenizer_gives_the_runs_token_ids():
+    from grpo_sdk.cli.preflight import BackendTokenizer
+    from grpo_sdk.recipes.tiny_model import build_char_tokenizer, char_tokenizer_backend
+
+    texts = ["12345>", "a+b=>", "What?", ""]
+    run, light = build_char_tokenizer(), BackendTokenizer(char_tokenizer_backend())
+    assert light(texts)["input_ids"] == run(texts, add_special_tokens=True)["input_ids"]
+    assert light(texts, add_special_tokens=False)["input_ids"] == run(texts, add_special_tokens=False)["input_ids"]
+    assert (light.eos_token_id, light.pad_token_id) == (run.eos_token_id, run.pad_token_id)

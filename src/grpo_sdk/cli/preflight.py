@@ -83,11 +83,10 @@ def local_tokenizer(cfg: Any) -> tuple[Any, list[tuple[str, str]]]:
     name = cfg.policy.tokenizer.name or cfg.policy.model_name
     try:
         if name.startswith("builtin:"):
-            from grpo_sdk.recipes.tiny_model import build_char_tokenizer
+            from grpo_sdk.recipes.tiny_model import char_tokenizer_backend
 
-            # The tiny model's tokenizer as the run saves it, without transformers' AutoTokenizer (torch).
-            builtin = {"tiny-gpt2": build_char_tokenizer}.get(name.split(":", 1)[1])
-            return (builtin() if builtin else None), []
+            builtin = {"tiny-gpt2": char_tokenizer_backend}.get(name.split(":", 1)[1])
+            return (BackendTokenizer(builtin()) if builtin else None), []
         if Path(name).expanduser().is_dir():
             from grpo_sdk.core.models import load_tokenizer
 
@@ -95,6 +94,22 @@ def local_tokenizer(cfg: Any) -> tuple[Any, list[tuple[str, str]]]:
     except GrpoSdkError as exc:
         return None, [(key, str(exc).removeprefix(f"{key}: "))]
     return None, []
+
+
+class BackendTokenizer:
+    """A ``tokenizers.Tokenizer`` as ``trainer.data.PromptBuilder`` calls a transformers tokenizer (the
+    built-in tokenizer has no chat template), so validating needs neither transformers nor torch."""
+
+    chat_template = None
+    is_fast = True  # its batch encoding runs in Rust: PromptBuilder keeps it in one process
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.eos_token_id = backend.token_to_id("<eos>")
+        self.pad_token_id = backend.token_to_id("<pad>")
+
+    def __call__(self, texts: list[str], add_special_tokens: bool = True) -> dict[str, list[list[int]]]:
+        return {"input_ids": [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)]}
 
 
 # --- prompts --------------------------------------------------------------------------------------

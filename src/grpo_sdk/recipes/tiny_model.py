@@ -15,10 +15,10 @@ from pathlib import Path
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS, CHARACTERS, SPECIAL_TOKENS
 
 
-def build_char_tokenizer():
-    """A character-level tokenizer: one id per character, ``<bos>`` prepended on encode."""
+def char_tokenizer_backend():
+    """The character tokenizer as a ``tokenizers.Tokenizer``: no transformers (``config validate``
+    tokenizes with it without importing transformers or torch)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -26,7 +26,14 @@ def build_char_tokenizer():
     tok.decoder = decoders.Fuse()  # characters join without spaces
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+    return tok
+
+
+def build_char_tokenizer():
+    """A character-level tokenizer: one id per character, ``<bos>`` prepended on encode."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=char_tokenizer_backend(), bos_token="<bos>", eos_token="<eos>",
                                    pad_token="<pad>", unk_token="<unk>")
 
 
