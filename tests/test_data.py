@@ -167,15 +167,19 @@ def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer, caplog):
 
 
 @pytest.mark.parametrize("fmt, rows, message", [
-    ("jsonl", [{"prompt": "a"}, {"question": "b"}], r"d.jsonl line 2: no 'prompt' key \(data.prompt_key\); keys: "
-                                                    r"\['question'\]"),
+    ("jsonl", [{"prompt": "a"}, {"question": "b"}], r"d.jsonl line 2: no 'prompt' key \(data.prompt_key\) and no "
+                                                    r"'messages'; keys: \['question'\]"),
     ("jsonl", [{"prompt": "a"}, ["b"]], r"d.jsonl line 2: expected an object with a 'prompt' key, got list"),
-    ("jsonl", [{"prompt": "a"}, {"prompt": 7}], r"d.jsonl line 2: 'prompt' must be a non-empty string, got 7"),
+    ("jsonl", [{"prompt": "a"}, {"prompt": 7}], r"d.jsonl line 2: 'prompt' must be a non-empty string \(or a list "
+                                                r"of messages\), got 7"),
     ("parquet", [{"question": "a"}, {"question": "b"}], r"d.parquet row 0: no 'prompt' key .*keys: \['question'\]"),
     ("parquet", [{"prompt": "a"}, {"prompt": "b"}, {"prompt": None}], r"d.parquet row 2: 'prompt' must be a "
-                                                                       r"non-empty string, got None"),
-    ("datasets", [{"prompt": "a"}, {"prompt": ""}], r"ds row 1: 'prompt' must be a non-empty string, got ''"),
-    ("datasets", [{"prompt": 1}, {"prompt": 2}], r"ds row 0: 'prompt' must be a non-empty string, got 1"),
+                                                                       r"non-empty string \(or a list of messages\), "
+                                                                       r"got None"),
+    ("datasets", [{"prompt": "a"}, {"prompt": ""}], r"ds row 1: 'prompt' must be a non-empty string \(or a list of "
+                                                    r"messages\), got ''"),
+    ("datasets", [{"prompt": 1}, {"prompt": 2}], r"ds row 0: 'prompt' must be a non-empty string \(or a list of "
+                                                 r"messages\), got 1"),
 ])
 def test_malformed_rows_are_named(tmp_path, fmt, rows, message):
     writer = {"jsonl": lambda: write_jsonl(tmp_path / "d.jsonl", rows),
@@ -373,3 +377,102 @@ def test_without_a_tokenizer_prompts_carry_no_token_ids(tmp_path):
     source = D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "d.jsonl", ROWS))), ENV)
     assert all(p.token_ids is None for p in source.next_prompts(5))
     assert D.make_prompt_source(make_cfg(), ENV).next_prompts(2)[0].token_ids is None
+
+
+# --- conversational rows (messages) ---------------------------------------------------------------
+
+
+CHATS = [{"messages": [{"role": "user", "content": f"how many apples {i}"}], "answer": str(i)} for i in range(6)]
+
+
+def test_messages_rows_are_rendered_with_the_chat_template(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
+    messages = [{"role": "user", "content": "how many apples 2"}]
+    assert prompts[2].messages == tuple(messages) and prompts[2].metadata == {"answer": "2"}
+    assert prompts[2].text == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert list(prompts[2].token_ids) == list(tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert prompts[2].token_ids.count(tokenizer.bos_token_id) == 1  # the template's BOS, not a second one
+
+
+def test_a_prompt_key_holding_messages_is_conversational_and_plain_rows_may_mix(tmp_path, tokenizer):
+    rows = [{"prompt": [{"role": "user", "content": "the cat"}]}, {"prompt": "the cat"}]
+    prompts = D.load_prompts(write_jsonl(tmp_path / "mixed.jsonl", rows), prompt_key="prompt",
+                             builder=D.make_builder(make_cfg().data, tokenizer), max_prompt_tokens=64,
+                             filter_long=False)
+    assert prompts[0].messages == ({"role": "user", "content": "the cat"},)
+    assert prompts[0].text.endswith("<|assistant|>")
+    assert prompts[1].messages is None and prompts[1].text == "the cat"
+    assert list(prompts[1].token_ids) == tokenizer("the cat")["input_ids"]
+
+
+def test_messages_rows_from_parquet(tmp_path, tokenizer):
+    path = write_parquet(tmp_path / "chat.parquet", CHATS)
+    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
+    assert prompts[4].messages == ({"role": "user", "content": "how many apples 4"},)
+    assert prompts[4].source == f"{path} row 4"
+
+
+def test_the_system_prompt_goes_first_unless_the_row_has_one(tmp_path, tokenizer):
+    rows = [CHATS[0], {"messages": [{"role": "system", "content": "Own."}, {"role": "user", "content": "hi"}]}]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False, system_prompt="Be brief."), ENV,
+                                   tokenizer, 64).prompts
+    assert [m["role"] for m in prompts[0].messages] == ["system", "user"]
+    assert prompts[0].messages[0]["content"] == "Be brief." and prompts[0].text.startswith("<s><|system|>Be brief.")
+    assert [m["content"] for m in prompts[1].messages] == ["Own.", "hi"]
+
+
+@pytest.mark.parametrize("messages, message", [
+    ("how many", r"line 1: 'messages' must be a non-empty list of \{\"role\": ..., \"content\": ...\} messages, "
+                 r"got str 'how many'"),
+    ([], r"line 1: 'messages' must be a non-empty list"),
+    (["hi"], r"line 1: messages\[0\] must be an object with 'role' and 'content', got str 'hi'"),
+    ([{"role": "user"}], r"line 1: messages\[0\] has no 'content' key; keys: \['role'\]"),
+    ([{"content": "x"}, {"role": "user", "content": "y"}], r"messages\[0\] has no 'role' key"),
+    ([{"role": "", "content": "x"}], r"messages\[0\]: 'role' must be a non-empty string"),
+    ([{"role": "user", "content": 3}], r"messages\[0\]: 'content' must be a string, got int 3"),
+    ([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+     r"line 1: the last message of 'messages' is the assistant's, so the prompt would show the model its answer"),
+    ([{"role": "user", "content": " "}], r"every message of 'messages' is empty"),
+])
+def test_malformed_messages_are_named_by_row_and_message(tmp_path, tokenizer, messages, message):
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": messages, "answer": "1"}])
+    with pytest.raises(DataError, match=message):
+        D.make_prompt_source(make_cfg(train_path=str(path), num_prompts_per_step=1), ENV, tokenizer, 64)
+
+
+def test_messages_without_a_chat_template_name_the_row(tmp_path):
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": "plain"}, *CHATS])
+    with pytest.raises(DataError, match=r"chat.jsonl line 2: a conversational row \(messages\) is rendered with the "
+                                        r"tokenizer's chat template, but the tokenizer .* has none"):
+        D.make_prompt_source(make_cfg(train_path=str(path)), ENV, build_tokenizer(None), 64)
+
+
+def test_a_template_the_chat_template_rejects_names_the_row(tmp_path):
+    strict = build_tokenizer("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+                             "{% endif %}{{ m['content'] }}{% endfor %}")
+    rows = [*CHATS[:2], {"messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]}]
+    with pytest.raises(DataError, match=r"chat.jsonl line 3: the tokenizer's chat template cannot render this "
+                                        r"conversation: TemplateError: no tools"):
+        D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "chat.jsonl", rows))), ENV, strict, 64)
+
+
+def test_a_prompt_template_is_refused_for_messages_rows(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    with pytest.raises(DataError, match=r"line 1: data.prompt_template formats plain-text prompts, but this row is "
+                                        r"conversational"):
+        D.make_prompt_source(make_cfg(train_path=str(path), prompt_template="Q: {prompt}"), ENV, tokenizer, 64)
+
+
+def test_messages_rows_without_a_tokenizer_are_rendered_by_the_rollout_alike(tmp_path, tokenizer):
+    from grpo_sdk.trainer.rollout import tokenize_prompts
+
+    path = str(write_jsonl(tmp_path / "chat.jsonl", CHATS))
+    bare = D.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV).prompts
+    loaded = D.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV, tokenizer, 64).prompts
+    assert all(p.token_ids is None and p.messages is not None for p in bare)
+    assert tokenize_prompts(tokenizer, bare, 64) == [list(p.token_ids) for p in loaded]
+    assert D._fingerprint(bare) != D._fingerprint(D.make_prompt_source(
+        make_cfg(train_path=str(write_jsonl(tmp_path / "other.jsonl", CHATS[::-1])), shuffle=False), ENV).prompts)

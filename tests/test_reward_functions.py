@@ -417,3 +417,167 @@ def test_a_process_local_reference_from_another_process_says_what_to_do():
                                           r"another process.*Pass it again through the Python API, or define it in a "
                                           r"module and name it 'module:function'"):
         RF.RewardFunctionsEnvironment(RewardFunctionsConfig(functions=["callable:reward#999"]), None)
+
+
+# --- training with reward functions ---------------------------------------------------------------
+
+
+def test_gdpo_weighs_two_functions(registry, tmp_path, tiny_model_dir):
+    data = write_digits(tmp_path / "d.jsonl")
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *ENV, f"data.train_path={data}",
+                            "env.reward_functions.functions=[test_reward_functions:exact, "
+                            "test_reward_functions:digit_fraction]", "env.reward_functions.weights=[1.0, 0.5]",
+                            "grpo.adv_estimator.name=gdpo", "grpo.adv_estimator.gdpo.reward_weights=[1.0, 2.0]")
+    seen = spy_on_estimator(trainer)
+    metrics, rollouts = trainer.train_step()
+    assert sorted(seen["components"]) == ["digit_fraction", "exact"]
+    fractions = torch.tensor([digit_fraction([log[-1].content])[0] for log in rollouts.message_logs])
+    assert torch.allclose(rollouts.reward_components["digit_fraction"], 0.5 * fractions)
+    assert metrics["reward/digit_fraction"] == pytest.approx(float(0.5 * fractions.mean()))
+    trainer.shutdown()
+
+
+def spy_on_estimator(trainer) -> dict:
+    """Record the reward components the estimator gets, and what it would answer without the
+    ``format``/``digit_fraction`` one (zeroed): the advantages must depend on both."""
+    estimator, seen = trainer.components.estimator, {}
+    compute = estimator.compute_advantages
+
+    def spy(rewards, group_ids, mask, **extras):
+        components = extras["reward_components"]
+        seen["components"] = dict(components)
+        out = compute(rewards, group_ids, mask, **extras)
+        for name in components:
+            zeroed = {**components, name: torch.zeros_like(components[name])}
+            seen[f"without {name}"] = compute(rewards, group_ids, mask, **{**extras, "reward_components": zeroed})
+        seen["advantages"] = out
+        return out
+
+    estimator.compute_advantages = spy
+    return seen
+
+
+def test_conversational_rows_train_and_reach_the_functions_as_messages(registry, tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # The characters of the built-in tokenizer only: a template that renders the user turns' content.
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}" \
+                              "{% endif %}{% endfor %}"
+    tokenizer.save_pretrained(tmp_path / "chat_tokenizer")
+    rows = [{"messages": [{"role": "system", "content": "reverse"}, {"role": "user", "content": f"{d}>"}],
+             "target": d[::-1]} for d in ("12345", "67890", "13579", "24680")]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *ENV, f"data.train_path={data}",
+                            f"policy.tokenizer.name={tmp_path / 'chat_tokenizer'}", "data.shuffle=false",
+                            "env.reward_functions.functions=[test_reward_functions:recorded]")
+    RECORDED.clear()
+    metrics, rollouts = trainer.train_step()
+    prompts, completions, target = RECORDED[0]
+    assert prompts[0] == [{"role": "system", "content": "reverse"}, {"role": "user", "content": "12345>"}]
+    assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
+    assert target[:4] == ["54321"] * 4
+    log = rollouts.message_logs[0]
+    assert [m.role for m in log] == ["system", "user", "assistant"] and log[1].token_ids == ()
+    assert log[2].token_ids and len(log[2].generation_logprobs) == len(log[2].token_ids)
+    assert completions[0][0]["content"] == log[2].content
+    # the model saw the chat template's rendering: <bos> then the user turn
+    first = rollouts.prompt_ids[0][rollouts.prompt_mask[0].bool()].tolist()
+    assert first == tokenizer("12345>", add_special_tokens=True)["input_ids"]
+    rollouts.rewards = torch.zeros(rollouts.batch_size)
+    assert example_of(rollouts)["prompt"] == "12345>"  # the last turn before the response
+    trainer.shutdown()
+
+
+RECORDED: list = []
+
+
+def recorded(prompts, completions, target):
+    RECORDED.append((prompts, completions, target))
+    return [float(c[0]["content"] == t) for c, t in zip(completions, target)]
+
+
+def test_a_reward_function_module_trains_from_the_cli(tmp_path):
+    """The story of the guide: a JSONL of prompts, a 5-line reward function, grpoctl run."""
+    write_digits(tmp_path / "train.jsonl", count=256)
+    (tmp_path / "my_rewards.py").write_text(
+        "def digits(completions, **kwargs):\n"
+        "    return [sum(ch.isdigit() for ch in c) / 5 for c in completions]\n")
+    result = run_grpoctl("run", "--run-dir", "run", "env.name=reward_functions",
+                         "env.reward_functions.functions=[my_rewards:digits]", "data.train_path=train.jsonl",
+                         "grpo.max_num_steps=30", "grpo.val_at_end=false", "grpo.val_period=0",
+                         "checkpointing.enabled=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["reward/mean"] for r in rows[:5]) / 5
+    last = sum(r["reward/mean"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, f"reward {first:.3f} -> {last:.3f}: the policy should learn to answer in digits"
+    assert all(r["reward/digits"] == r["reward/mean"] for r in rows)
+
+
+def test_a_missing_reward_function_is_a_config_error_from_the_cli(tmp_path):
+    write_digits(tmp_path / "train.jsonl")
+    (tmp_path / "my_rewards.py").write_text("def digits(completions):\n    return [0.0] * len(completions)\n")
+    result = run_grpoctl("run", "--run-dir", "run", "env.name=reward_functions",
+                         "env.reward_functions.functions=[my_rewards:digit]", "data.train_path=train.jsonl",
+                         "grpo.val_at_end=false", "grpo.val_period=0", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "env.reward_functions.functions[0]: 'my_rewards:digit': module 'my_rewards' has no attribute 'digit'" \
+        in result.stderr
+
+
+# --- the built-in multi-reward task ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["54321", "54320", "5432", "543210", "5a321", ""])
+def test_reverse_digits_format_component(answer):
+    log = plain_log("12345>", answer)
+    plain = ReverseDigitsEnvironment(ReverseDigitsConfig(), None).step([log], [{"target": "54321"}])
+    assert plain.rewards == {"correct_digits": [correct_positions(answer, "54321")]}
+    ret = ReverseDigitsEnvironment(ReverseDigitsConfig(format_weight=0.1), None).step([log], [{"target": "54321"}])
+    formatted = len(answer) == 5 and answer.isdigit()
+    assert ret.rewards["correct_digits"] == [pytest.approx(0.9 * correct_positions(answer, "54321"))]
+    assert ret.rewards["format"] == [0.1 if formatted else 0.0]
+    total = ret.rewards["correct_digits"][0] + ret.rewards["format"][0]
+    assert (total >= 1.0) == (answer == "54321")  # validation's pass_k still counts exact answers only
+    assert ret.metrics["format_fraction"] == float(formatted)
+
+
+def test_gdpo_uses_both_components_of_the_built_in_task(registry, tmp_path, tiny_model_dir):
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "grpo.adv_estimator.name=gdpo",
+                            "env.reverse_digits.format_weight=0.1", "grpo.num_prompts_per_step=16",
+                            "grpo.num_generations_per_prompt=16")
+    seen = spy_on_estimator(trainer)
+    trainer.train_step()
+    assert sorted(seen["components"]) == ["correct_digits", "format"]
+    assert seen["components"]["format"].unique().numel() == 2  # some answers are well-formed, some not
+    for name in ("correct_digits", "format"):
+        assert not torch.allclose(seen["advantages"], seen[f"without {name}"]), f"{name} does not change the advantages"
+    trainer.shutdown()
+
+
+@pytest.mark.slow
+def test_every_built_in_estimator_trains_from_the_cli_on_the_built_in_task(registry, tmp_path):
+    """Each estimator `grpoctl plugins list` shows, on reverse_digits with its format component (gdpo
+    needs two); one that needs a teacher (opd) distils from a short grpo run's checkpoint."""
+    from grpo_sdk.core.capabilities import Capability
+
+    estimators = {info.name: info for info in registry.list("estimator") if info.dist == "grpo-sdk"}
+    assert set(estimators) >= {"grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd"}
+    common = ["grpo.max_num_steps=3", "grpo.num_prompts_per_step=4", "grpo.val_period=0", "grpo.val_at_end=false",
+              "env.reverse_digits.format_weight=0.1"]
+    teacher = None
+    for name in sorted(estimators, key=lambda n: Capability.TEACHER_LOGPROBS in estimators[n].spec.capabilities):
+        extra = []
+        if Capability.TEACHER_LOGPROBS in estimators[name].spec.capabilities:
+            assert teacher is not None and teacher.is_dir()
+            extra = [f"on_policy_distillation.teacher_model={teacher}"]
+        result = run_grpoctl("run", "--run-dir", name, f"grpo.adv_estimator.name={name}", *common, *extra, cwd=tmp_path)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3], name
+        assert all(math.isfinite(r["loss"]) and "reward/format" in r for r in rows), name
+        if name == "grpo":
+            teacher = tmp_path / name / "checkpoints" / "step_3" / "policy"

@@ -202,7 +202,7 @@ class RolloutBatch:
     truncated: torch.Tensor  # [B] bool
     group_ids: torch.Tensor  # [B]
     reward_components: dict[str, torch.Tensor]  # name -> [B], as the environment returned them
-    reward_valid: torch.Tensor  # [B] bool: False where the environment failed (env.on_reward_error=mask) or gave no reward
+    reward_valid: torch.Tensor  # [B] bool: False where the environment failed (on_reward_error=mask) or gave no reward
     reward_missing: torch.Tensor  # [B] bool: True where the environment gave no reward (every component None)
     message_logs: list[list[Message]]
     metadata: list[dict[str, Any]]
