@@ -71,7 +71,7 @@ def _dry_run(request: RunRequest) -> None:
 
     registry = load_plugin_modules(request.plugin_modules)
     cfg, resuming = resolve_config(request.files, request.overrides, request.run_dir, registry, resume=request.resume)
-    problems = preflight(cfg)
+    problems = preflight(cfg, registry)
     if problems:
         raise ConfigError(problems)
     run_dir = request.run_dir or default_run_dir(cfg)
