@@ -120,3 +120,24 @@ def test_a_stop_signal_during_api_training_saves_and_returns_an_interrupted_summ
     assert summary.checkpoint is not None and summary.checkpoint.name == "step_2"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+
+
+def test_reward_funcs_take_a_local_function_and_a_cli_resume_of_it_says_what_to_do(tmp_path):
+    rows = "".join(json.dumps({"prompt": f"{i:05d}>", "target": f"{i:05d}"[::-1]}) + "\n" for i in range(64))
+    (tmp_path / "train.jsonl").write_text(rows)
+    calls = []
+
+    def digits_match(prompts, completions, target):  # defined here: importable by no module path
+        calls.append(len(completions))
+        return [sum(a == b for a, b in zip(c, t)) / len(t) for c, t in zip(completions, target)]
+
+    summary = grpo_sdk.train(overrides=[f"data.train_path={tmp_path / 'train.jsonl'}", "grpo.max_num_steps=2",
+                                        "grpo.val_period=0", "grpo.val_at_end=false"],
+                             run_dir=tmp_path / "run", reward_funcs=[digits_match])
+    assert summary.status == "completed" and calls == [128, 128]
+    assert "reward/digits_match" in summary.metrics
+    saved = (tmp_path / "run" / "config.resolved.yaml").read_text()
+    assert "name: reward_functions" in saved and "callable:" in saved
+    resumed = run_grpoctl("run", "--resume", tmp_path / "run", "--max-steps", "3", cwd=tmp_path)
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
+    assert "digits_match" in resumed.stderr and "reward_funcs" in resumed.stderr

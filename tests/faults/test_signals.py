@@ -33,6 +33,8 @@ def test_a_signal_mid_run_finishes_the_step_saves_and_resumes_exactly(tmp_path, 
     saved = summary["steps"]
     assert 5 <= saved < 12 and summary["checkpoint"].endswith(f"step_{saved}")
     assert f"stopped by {name}" in out
+    # where the checkpoint is, and the command that resumes it, exactly as printed
+    assert f"checkpoint: {summary['checkpoint']}" in out and "resume: grpoctl run --resume run" in out
     resumed = grpoctl("run", "--resume", "run", cwd=tmp_path)
     assert resumed.returncode == 0 and f"resumed from step {saved}" in resumed.stdout
     assert_same_run(tmp_path / "run", reference)
@@ -92,3 +94,4 @@ def test_a_second_signal_stops_at_once(tmp_path):
     assert_no_traceback(err)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["reason"] == "SIGTERM"
+    assert "resume: grpoctl run --resume run" in out  # stopped at once, it still says how to go on
