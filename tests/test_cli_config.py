@@ -88,7 +88,7 @@ def test_show_prints_resolved_yaml(cli):
     shown = yaml.safe_load(out)
     assert shown["grpo"]["num_prompts_per_step"] == 8
     assert shown["policy"]["model_name"] == "builtin:tiny-gpt2"
-    assert shown["env"]["reverse_digits"] == {"num_digits": 5}  # selected plugin block in full
+    assert shown["env"]["reverse_digits"] == {"num_digits": 5, "format_weight": 0.0}  # selected plugin block in full
     expected = dump_config(load_config(None, ["grpo.num_prompts_per_step=8"], Registry.discover()))
     assert shown == json.loads(json.dumps(expected))  # tuples come back as lists
 

@@ -365,7 +365,7 @@ def test_cfg_suffix_alias(registry):
     cfg = load(registry, "~env.reverse_digits", "env.reverse_digits_cfg.num_digits=7")
     assert C.plugin_config(cfg.env).num_digits == 7
     env = dump_config(cfg)["env"]
-    assert env["reverse_digits"] == {"num_digits": 7} and "reverse_digits_cfg" not in env
+    assert env["reverse_digits"] == {"num_digits": 7, "format_weight": 0.0} and "reverse_digits_cfg" not in env
 
 
 def test_both_block_spellings_is_an_error(registry):
@@ -432,7 +432,7 @@ def test_round_trip_with_every_section_written(registry, tmp_path):
     assert written["grpo"]["adv_estimator"]["grpo"] == {"normalize_rewards": True,
                                                         "use_leave_one_out_baseline": True}
     assert written["policy"]["hf"] == {"attn_implementation": None, "gradient_checkpointing": False}
-    assert written["env"]["reverse_digits"] == {"num_digits": 8}
+    assert written["env"]["reverse_digits"] == {"num_digits": 8, "format_weight": 0.0}
 
 
 def test_round_trip_of_builtin_recipe(registry, tmp_path):

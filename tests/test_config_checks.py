@@ -210,14 +210,14 @@ def test_unknown_metric_names_are_loud_warnings_when_the_environment_declares_no
 
 
 def test_declared_environment_metrics_make_unknown_names_errors(registry, caplog):
-    assert registry.info("environment", "reverse_digits").spec.metrics == {"exact_match"}  # declared in its spec
+    assert registry.info("environment", "reverse_digits").spec.metrics == {"exact_match", "format_fraction"}  # its spec
     load_config(None, ["checkpointing.metric_name=val:exact_match"], registry)
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     found = config_problems(registry, "checkpointing.metric_name=val:exakt_match")
     assert "(did you mean 'val:exact_match'?)" in found["checkpointing.metric_name"]
     found = config_problems(registry, "checkpointing.metric_name=val:bleu")
     assert found["checkpointing.metric_name"] == ("'val:bleu' is not a validation metric: those are accuracy, "
-                                                  "avg_length, num_samples, pass_k, exact_match")
+                                                  "avg_length, num_samples, pass_k, exact_match, format_fraction")
 
 
 def test_a_batch_larger_than_this_machine_is_a_warning(registry, caplog, monkeypatch):

@@ -62,7 +62,7 @@ def test_short_run_with_progress_bar_and_overrides(tmp_path):
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3
     assert yaml.safe_load((tmp_path / "run" / "config.resolved.yaml").read_text())["env"]["reverse_digits"] == {
-        "num_digits": 3}
+        "num_digits": 3, "format_weight": 0.0}
 
 
 def test_refuses_to_overwrite_a_run_directory(tmp_path):

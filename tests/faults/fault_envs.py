@@ -38,6 +38,13 @@ class NoneReward(ReverseDigitsEnvironment):
         return ret
 
 
+class TextReward(ReverseDigitsEnvironment):
+    def step(self, message_logs, metadata):
+        ret = super().step(message_logs, metadata)
+        ret.rewards["correct_digits"][0] = "high"
+        return ret
+
+
 class TextMetric(ReverseDigitsEnvironment):
     def step(self, message_logs, metadata):
         ret = super().step(message_logs, metadata)
@@ -59,7 +66,8 @@ class MostlyFails(ReverseDigitsEnvironment):
         return super().step(message_logs, metadata)
 
 
-FAULTY = {"stuck": Stuck, "regex_hang": RegexHang, "none_reward": NoneReward, "text_metric": TextMetric,
+FAULTY = {"stuck": Stuck, "regex_hang": RegexHang, "none_reward": NoneReward, "text_reward": TextReward,
+          "text_metric": TextMetric,
           "always_fails": AlwaysFails, "mostly_fails": MostlyFails}
 
 

@@ -1,10 +1,11 @@
 """User code that misbehaves: an environment that hangs (in Python, or inside C holding the GIL),
-returns a reward of None or a metric that is not a number, or fails on most samples; a `-p`
+returns a reward that is text or a metric that is not a number, or fails on most samples; a `-p`
 module that is missing, broken, or would shadow an installed package. Each stops the run with a
 clear error and its documented exit code (or, for a masked failure, trains on), never a hang."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ def test_an_environment_stuck_in_c_holding_the_gil_is_stopped_by_the_backstop(tm
 
 
 @pytest.mark.parametrize("env, message", [
-    ("none_reward", "reward 'correct_digits' is None, not a finite number"),
+    ("text_reward", "reward 'correct_digits' is 'high', not a finite number"),
     ("text_metric", "returned metric 'quality' = 'high', which is not a number"),
     ("always_fails", "failed on sample 0"),
 ])
@@ -58,8 +59,16 @@ def test_bad_environment_output_is_a_clear_error(tmp_path, env, message):
 
 
 def test_a_masked_bad_reward_trains_on(tmp_path):
-    result, _ = run_env(tmp_path, "none_reward", "env.on_reward_error=mask")
+    result, _ = run_env(tmp_path, "text_reward", "env.on_reward_error=mask")
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_reward_of_none_is_no_reward_not_a_failure(tmp_path):
+    """None means "no reward" (EnvironmentReturn): the sample is masked and counted, even with on_reward_error=raise."""
+    result, _ = run_env(tmp_path, "none_reward")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["reward/num_no_reward"], r["reward/num_failed"]) for r in rows] == [(1.0, 0.0)] * 3
 
 
 @pytest.mark.parametrize("env, message", [

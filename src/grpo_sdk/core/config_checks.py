@@ -323,7 +323,7 @@ def _env_metrics(registry: Any, env_name: str) -> tuple[str, ...] | None:
     """The metrics the environment declares (``ComponentSpec.metrics``), or None when it declares none."""
     info = registry.info("environment", env_name) if registry is not None else None
     declared = getattr(info.spec, "metrics", None) if info is not None and info.spec is not None else None
-    return tuple(declared) if declared else None
+    return tuple(sorted(declared)) if declared else None  # sorted: a frozenset's order changes with the hash seed
 
 
 # Validation returns bare names ("accuracy", and an environment's "exact_match" without "env/"); the
