@@ -94,6 +94,9 @@ def test_a_fitting_component_passes_every_check(fake_site, tiny_model_dir, tmp_p
 BUILTIN_OVERRIDES = {
     ("estimator", "opd"): ["on_policy_distillation.teacher_model=teacher"],
     ("environment", "math"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false"],
+    ("estimator", "gdpo"): ["env.reverse_digits.format_weight=0.1"],  # two reward components
+    ("environment", "reward_functions"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
+                                          "env.reward_functions.functions=[my_rewards:correctness]"],
     ("weight_sync", "collective"): ["cluster.runtime=ray"],
     ("weight_sync", "cuda_ipc"): ["cluster.runtime=ray", "cluster.device=cuda", "cluster.gpus_per_node=1"],
 }
