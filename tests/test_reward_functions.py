@@ -175,6 +175,21 @@ def test_the_current_directory_comes_after_installed_packages(modules):
     assert str(__import__("os").getcwd()) not in sys.path  # only for the import
 
 
+def test_config_validate_imports_the_functions_before_any_run(tmp_path):
+    """What the environment would fail on at setup is a config problem at load: `config validate`
+    and the start of `run` name the entry, before a model is loaded."""
+    (tmp_path / "rw_here.py").write_text("def ok(completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "rw_broken.py").write_text("raise RuntimeError('boom at import')\n")
+    result = run_grpoctl("config", "validate", *ENV, "data.train_path=x.jsonl",
+                         "env.reward_functions.functions=[rw_here:ok, rw_here:missing, rw_broken:f, nomod:f]",
+                         cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "functions[0]" not in result.stderr
+    assert "functions[1]: 'rw_here:missing': module 'rw_here' has no attribute 'missing'" in result.stderr
+    assert "functions[2]: importing 'rw_broken' for 'rw_broken:f' raised RuntimeError: boom at import" in result.stderr
+    assert "functions[3]: 'nomod:f': no module 'nomod'" in result.stderr
+
+
 # --- one step -------------------------------------------------------------------------------------
 
 

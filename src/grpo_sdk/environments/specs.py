@@ -105,11 +105,25 @@ class RewardFunctionsConfig:
 def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
     if options is None or not options.functions:  # a default is not validated: an absent key lands here
         return [("env.reward_functions.functions", NO_FUNCTIONS)]
-    if options.weights is None or len(options.weights) == len(options.functions):
-        return []
-    return [("env.reward_functions.weights", f"{len(options.weights)} weights for {len(options.functions)} "
-             "functions (env.reward_functions.functions); give one weight per function, in the same order, "
-             "or null for all 1.0")]
+    problems = []
+    if options.weights is not None and len(options.weights) != len(options.functions):
+        problems.append(("env.reward_functions.weights", f"{len(options.weights)} weights for "
+                         f"{len(options.functions)} functions (env.reward_functions.functions); give one weight "
+                         "per function, in the same order, or null for all 1.0"))
+    # Imported now, so `config validate` and the start of `run` find a missing module or function,
+    # not the first step after the model loaded.
+    from grpo_sdk.environments.reward_functions import KEY, resolve
+    from grpo_sdk.plugins import ConfigError, PluginError
+
+    for i, entry in enumerate(options.functions):
+        key = f"{KEY}[{i}]"
+        try:
+            resolve(entry, key)
+        except ConfigError as exc:
+            problems.extend((key, message) for _, message in exc.problems)
+        except PluginError as exc:  # the user's module raised while it was imported
+            problems.append((key, str(exc).removeprefix(f"{key}: ")))
+    return problems
 
 
 REWARD_FUNCTIONS = ComponentSpec(
