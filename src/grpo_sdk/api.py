@@ -119,7 +119,7 @@ class Trainer:
 
         opened = open_run(self.config, self.run_dir, resume=self.resuming)
         if opened.finished:
-            opened.lock.release()
+            opened.release()
             self.summary = _finished_summary(self.run_dir, opened.finished)
             return self.summary
         start = time.perf_counter()

@@ -88,7 +88,7 @@ def _run(request: RunRequest) -> None:
     run_dir = request.run_dir or default_run_dir(cfg)
     opened = open_run(cfg, run_dir, resume=resuming)
     if opened.finished:
-        opened.lock.release()
+        opened.release()
         print(opened.finished)
         return
 

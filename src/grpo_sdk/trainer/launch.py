@@ -130,8 +130,12 @@ class OpenedRun:
 
     run_dir: Path
     resume: bool  # the directory holds checkpoints: the trainer continues from the latest
-    lock: RunLock
+    locks: list[RunLock]  # the run directory's, and the checkpoint directory's when it is elsewhere
     finished: str | None  # "already finished" message: there is nothing to train
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
 
 
 def open_run(cfg: Any, run_dir: Path, *, resume: bool) -> OpenedRun:
@@ -140,8 +144,10 @@ def open_run(cfg: Any, run_dir: Path, *, resume: bool) -> OpenedRun:
 
     manager = CheckpointManager(cfg.checkpointing, run_dir)
     check_storage(run_dir, manager.directory if cfg.checkpointing.enabled else None)
-    lock = RunLock(run_dir).acquire()  # before anything reads or writes the run dir
+    locks = [RunLock(run_dir).acquire()]  # before anything reads or writes the run dir
     try:
+        if cfg.checkpointing.enabled and manager.directory.resolve().parent != run_dir.resolve():
+            locks.append(RunLock(manager.directory).acquire())  # shared by several run dirs: guard it too
         resume = resume or manager.latest() is not None
         finished = _finished_message(manager, cfg) if resume else None
         if finished:
@@ -150,9 +156,10 @@ def open_run(cfg: Any, run_dir: Path, *, resume: bool) -> OpenedRun:
             raise ConfigError([("--run-dir", f"{run_dir} already holds a run without a checkpoint (metrics.jsonl); "
                                              "choose another directory, or restart it with --resume")])
     except BaseException:
-        lock.release()
+        for lock in locks:
+            lock.release()
         raise
-    return OpenedRun(run_dir=run_dir, resume=resume, lock=lock, finished=finished)
+    return OpenedRun(run_dir=run_dir, resume=resume, locks=locks, finished=finished)
 
 
 def _finished_message(manager: Any, cfg: Any) -> str | None:
@@ -245,4 +252,4 @@ def run_trainer(cfg: Any, opened: OpenedRun, registry: Any, *, on_setup: Callabl
             finally:
                 trainer.shutdown()
     finally:
-        opened.lock.release()
+        opened.release()
