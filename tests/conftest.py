@@ -57,6 +57,24 @@ def registry(request: pytest.FixtureRequest):
     return Registry.discover(host=host)
 
 
+@pytest.fixture
+def cli(capsys):
+    """Run `grpoctl ARGS` in-process, through the entry point's main: (exit code, stdout, stderr).
+    Faster than ``run_grpoctl``; the invocation's shared plugin state is put back afterwards."""
+    from grpo_sdk.cli.app import main
+    from grpo_sdk.cli.common import STATE
+
+    saved = (STATE.host, STATE.registry)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield run
+    STATE.host, STATE.registry = saved
+
+
 def grpoctl_env(env: dict[str, str] | None = None, *, strict: bool = False, **extra: str) -> dict[str, str]:
     """The environment ``run_grpoctl`` gives the CLI: ``env`` (default: this process's) with one torch
     thread, no hub, unbuffered output and strict plugin mode off (``strict=True`` turns it on)."""

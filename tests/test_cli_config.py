@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 import grpo_sdk
-from grpo_sdk.cli.app import main
 from grpo_sdk.cli.common import STATE
 from grpo_sdk.core import config as C
 from grpo_sdk.core.config_loader import dump_config, load_config
@@ -29,20 +28,6 @@ from conftest import grpoctl_env, run_grpoctl
 BUILTINS = {("generation", "hf"), ("policy", "hf"), ("estimator", "grpo"), ("environment", "reverse_digits"),
             ("weight_sync", "inprocess"), ("logger", "jsonl"), ("logger", "console")}
 BAD = ["grpo.num_prompt_per_step=8", 'loss_fn.token_level_loss="false"', "grpo.seed=3.9", "logger.loggers=jsonl"]
-
-
-@pytest.fixture
-def cli(capsys):
-    """Run `grpoctl ARGS` in-process: (exit code, stdout, stderr)."""
-    saved = (STATE.host, STATE.registry)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    STATE.host, STATE.registry = saved
 
 
 def schema_entries(out: str) -> dict[str, tuple[str, str]]:

@@ -12,8 +12,6 @@ import sys
 import pytest
 import yaml
 
-from grpo_sdk.cli.app import main
-from grpo_sdk.cli.common import STATE
 from conftest import run_grpoctl
 
 # A quick-hack hook module, as `grpoctl run -p acme_task` loads it from the current directory: an
@@ -55,20 +53,6 @@ def grpo_config_sections():
     return [ConfigSection(name="acme_uploader", config="acme_task:UploaderConfig")]
 '''
 SELECT = ["env.name=acme_task", "env.acme_task.level=3", "acme_uploader.bucket=s3://runs"]
-
-
-@pytest.fixture
-def cli(capsys):
-    """Run `grpoctl ARGS` in-process: (exit code, stdout, stderr)."""
-    saved = (STATE.host, STATE.registry)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield run
-    STATE.host, STATE.registry = saved
 
 
 @pytest.fixture

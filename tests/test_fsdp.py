@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import socket
 from pathlib import Path
 

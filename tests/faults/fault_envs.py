@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import time
 
-from grpo_sdk.core.records import EnvironmentReturn
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 
