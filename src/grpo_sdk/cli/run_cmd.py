@@ -117,7 +117,8 @@ def _run(request: RunRequest) -> None:
         _close(reporter)
         _print_resume(request, run_dir)
         raise
-    _close(reporter)
+    finally:  # a failed run too: a live progress bar would garble the error printed after it
+        _close(reporter)
     if summary.status == "already_finished":
         print(f"the run in {run_dir} already finished at step {summary.steps}; nothing to do")
         return
@@ -147,7 +148,7 @@ def _run(request: RunRequest) -> None:
 
 def _close(reporter: LineReporter | BarReporter | None) -> None:
     if reporter is not None:
-        reporter.__exit__(None, None, None)
+        reporter.__exit__(None, None, None)  # idempotent: Rich's stop() on a stopped bar does nothing
 
 
 def _print_resume(request: RunRequest, run_dir: Path) -> None:
