@@ -122,7 +122,7 @@ def test_a_stop_signal_during_api_training_saves_and_returns_an_interrupted_summ
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
 
 
-def test_reward_funcs_take_a_local_function_and_a_cli_resume_of_it_says_what_to_do(tmp_path):
+def test_reward_funcs_take_a_local_function_and_a_cli_resume_of_it_says_what_to_do(tmp_path, caplog):
     rows = "".join(json.dumps({"prompt": f"{i:05d}>", "target": f"{i:05d}"[::-1]}) + "\n" for i in range(64))
     (tmp_path / "train.jsonl").write_text(rows)
     calls = []
@@ -131,13 +131,17 @@ def test_reward_funcs_take_a_local_function_and_a_cli_resume_of_it_says_what_to_
         calls.append(len(completions))
         return [sum(a == b for a, b in zip(c, t)) / len(t) for c, t in zip(completions, target)]
 
-    summary = grpo_sdk.train(overrides=[f"data.train_path={tmp_path / 'train.jsonl'}", "grpo.max_num_steps=2",
-                                        "grpo.val_period=0", "grpo.val_at_end=false"],
-                             run_dir=tmp_path / "run", reward_funcs=[digits_match])
-    assert summary.status == "completed" and calls == [128, 128]
+    with caplog.at_level("WARNING", logger="grpo_sdk"):
+        summary = grpo_sdk.train(overrides=[f"data.train_path={tmp_path / 'train.jsonl'}", "grpo.max_num_steps=20",
+                                            "grpo.val_period=0", "grpo.val_at_end=false"],
+                                 run_dir=tmp_path / "run", reward_funcs=[digits_match])
+    # 64 prompts, 8 a step: one epoch is 8 steps, and the API warns that it ends the run early
+    assert summary.status == "completed" and summary.steps == 8 and calls == [128] * 8
+    assert summary.ended_by == "grpo.max_num_epochs"
+    assert any("end the run after step 8, not the 20" in r.getMessage() for r in caplog.records)
     assert "reward/digits_match" in summary.metrics
     saved = (tmp_path / "run" / "config.resolved.yaml").read_text()
     assert "name: reward_functions" in saved and "callable:" in saved
-    resumed = run_grpoctl("run", "--resume", tmp_path / "run", "--max-steps", "3", cwd=tmp_path)
+    resumed = run_grpoctl("run", "--resume", tmp_path / "run", "--max-steps", "30", cwd=tmp_path)
     assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
     assert "digits_match" in resumed.stderr and "reward_funcs" in resumed.stderr

@@ -20,6 +20,7 @@ Importing this module imports no torch: the trainer is imported when a run start
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -29,6 +30,8 @@ from typing import Any, Callable, Sequence
 from grpo_sdk.core.config import MasterConfig
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.records import RunStatus, RunSummary
+
+log = logging.getLogger(__name__)
 
 ConfigFiles = str | os.PathLike | Sequence[str | os.PathLike] | None
 RewardFunction = Callable[..., Any]
@@ -131,7 +134,13 @@ class Trainer:
             if self.on_step is not None:
                 self.on_step(step, metrics)
 
-        self.summary = run_trainer(self.config, opened, self.registry, on_step=on_step)
+        def on_setup(trainer: Any) -> None:
+            from grpo_sdk.trainer.launch import epoch_note
+
+            if note := epoch_note(self.config, trainer.components.prompts):
+                log.warning("grpo-sdk: %s", note)  # a warning, not a print: it says the run ends early
+
+        self.summary = run_trainer(self.config, opened, self.registry, on_setup=on_setup, on_step=on_step)
         return self.summary
 
 
