@@ -204,9 +204,14 @@ def assert_metrics_equal(actual: dict, expected: dict) -> None:
 
 
 def assert_weights_equal(actual: dict, expected: dict) -> None:
+    # The all-reduce sums gradients in another order than one process does; Adam divides by sqrt(v),
+    # so for a near-zero gradient that rounding difference becomes part of a step of size ~lr (1e-3).
+    # Measured after five optimizer steps: up to 2.2e-6 on an AMD EPYC host (below 1e-6 on the
+    # machine this test was written on). A rank left out changes the gradient's direction and moves
+    # weights by up to lr; a wrong gradient scale shows in the metrics compared above (rel 1e-5).
     assert list(actual) == list(expected)  # same names, same order
     for name, tensor in expected.items():
-        torch.testing.assert_close(actual[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
+        torch.testing.assert_close(actual[name], tensor, rtol=1e-6, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -114,12 +114,13 @@ def test_a_stop_signal_during_api_training_saves_and_returns_an_interrupted_summ
         if step == 2:
             os.kill(os.getpid(), signal.SIGINT)  # what a notebook's interrupt button sends
 
+    before = signal.getsignal(signal.SIGINT)
     summary = grpo_sdk.train(overrides=["grpo.max_num_steps=50", "grpo.val_period=0", "grpo.val_at_end=false",
                                         "checkpointing.save_period=100"], run_dir=tmp_path / "run", on_step=interrupt)
     assert summary.status == "interrupted" and summary.reason == "SIGINT" and summary.steps == 2
     assert summary.checkpoint is not None and summary.checkpoint.name == "step_2"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "interrupted"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
 
 
 def test_reward_funcs_take_a_local_function_and_a_cli_resume_of_it_says_what_to_do(tmp_path, caplog):

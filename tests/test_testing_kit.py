@@ -89,6 +89,11 @@ def test_a_fitting_component_passes_every_check(fake_site, tiny_model_dir, tmp_p
     assert abs(rows[1]["token_mult_prob_error"] - 1) < 0.01
 
 
+def kit_reward(completions, **columns):
+    """A reward function the reward_functions environment's config check can import (tests/ is on sys.path)."""
+    return [0.0] * len(completions)
+
+
 # What some built-ins need besides their own block: the run config's cross-field checks hold them
 # to it, as they would a third-party plugin (whose grpo_components entry carries the overrides).
 BUILTIN_OVERRIDES = {
@@ -96,7 +101,7 @@ BUILTIN_OVERRIDES = {
     ("environment", "math"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false"],
     ("estimator", "gdpo"): ["env.reverse_digits.format_weight=0.1"],  # two reward components
     ("environment", "reward_functions"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
-                                          "env.reward_functions.functions=[my_rewards:correctness]"],
+                                          "env.reward_functions.functions=[test_testing_kit:kit_reward]"],
     ("weight_sync", "collective"): ["cluster.runtime=ray"],
     ("weight_sync", "cuda_ipc"): ["cluster.runtime=ray", "cluster.device=cuda", "cluster.gpus_per_node=1"],
 }

@@ -73,8 +73,9 @@ class TwoRewards(ReverseDigitsEnvironment):
 class Components:
     @hookimpl
     def grpo_components(self):
+        # No config class: ReverseDigitsConfig declares how many components reverse_digits reports
+        # (DeclaresRewardComponents), which this subclass changes.
         return [ComponentSpec(name="reverse_two_rewards", kind="environment", impl=f"{__name__}:TwoRewards",
-                              config="grpo_sdk.environments.specs:ReverseDigitsConfig",
                               capabilities={"generates_prompts"})]
 
 

@@ -251,7 +251,8 @@ CURATED: list[Case] = [
     case("override-1e999", validate("policy.optimizer.lr=1e999"), 2, "policy.optimizer.lr"),
     case("override-null-byte", validate("logger.log_dir=\"a\\0b\""), 2, "logger.log_dir"),
     case("unicode-key", validate_file("gr\u00f8po: {seed: 1}\n"), 2, "gr\u00f8po"),
-    case("unicode-model-name", validate("policy.model_name=\U0001f4a5"), 0),
+    # validate's preflight knows run would fail on it: neither a directory, builtin:, nor ORG/NAME
+    case("unicode-model-name", validate("policy.model_name=\U0001f4a5"), 2, "policy.model_name"),
     # data at run time: exit 1 naming the file and line
     case("data-not-utf8", run_data(jsonl(GOOD_ROW).encode() * 2 + b'{"prompt": "\xff\xfe"}\n'), 1, "data.jsonl line 3",
          "UTF-8"),
