@@ -47,6 +47,11 @@ class Capability(enum.StrEnum):
     CUDA_IPC = "cuda_ipc"
     """generation: can load weights from CUDA IPC handles in its own process (the ``cuda_ipc``
     transport's ``update_weights`` path). Read by the ``cuda_ipc`` transport's config check."""
+    IN_FLIGHT_WEIGHT_UPDATES = "in_flight_weight_updates"
+    """generation: takes new weights while requests are in flight (they finish under the new
+    weights, each token tagged with the version that sampled it), so async GRPO's refit need not
+    drain it; ``grpo.async_grpo.in_flight_weight_updates=true`` requires it. No built-in backend
+    declares it yet (docs/async.md). Read by the config checks."""
 
 
 CAPABILITY_KINDS: dict[Capability, str] = {
@@ -57,6 +62,7 @@ CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.TEACHER_LOGPROBS: "estimator",
     Capability.RAY_WORKERS: "weight_sync",
     Capability.CUDA_IPC: "generation",
+    Capability.IN_FLIGHT_WEIGHT_UPDATES: "generation",
 }
 """The component kind each capability applies to."""
 

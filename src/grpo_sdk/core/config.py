@@ -157,6 +157,41 @@ class RewardShapingConfig:
 
 
 @attrs.frozen(kw_only=True)
+class AsyncGRPOConfig:
+    """Async GRPO (docs/async.md): generation runs ahead of training by at most max_trajectory_age_steps."""
+
+    enabled: bool = option(False, "Generate the next steps' rollouts while the current step trains, instead of "
+                           "generate-then-train; the other keys of this section apply only when it is true.")
+    max_trajectory_age_steps: int = option(1, "Staleness bound A: a prompt group generated with the weights of step "
+                                           "v may train step t only if t - A <= v <= t. 0 is the synchronous loop, "
+                                           "exactly; 1 is one-step-off (generation of step t+1 overlaps training "
+                                           "of step t).", validator=non_negative)
+    schedule: Literal["deterministic", "newest"] = option(
+        "deterministic", "deterministic: step t's groups are generated with exactly the weights of step max(t - A, "
+        "0), in step order, so a resumed run is bit-identical to an uninterrupted one (and A=0 equals sync); "
+        "newest: groups are generated with the newest weights as soon as a slot in the age window opens (faster "
+        "on a continuous-batching engine; which version a group gets depends on timing).")
+    in_flight_weight_updates: bool = option(False, "A weight update does not wait for the generations in flight: "
+                                            "they finish under the new weights, each token recording the weight "
+                                            "version that sampled it. Needs schedule=newest and a generation "
+                                            "backend that declares the in_flight_weight_updates capability.")
+    recompute_kv_cache_after_weight_updates: bool = option(
+        False, "With in_flight_weight_updates: after an update in flight, recompute the KV cache of the tokens "
+        "generated so far under the new weights (AReaL); false keeps the stale cache (Magistral).")
+    max_generation_failures: int = option(0, "Consecutive generation failures retried (the same prompt group for "
+                                          "the same step); one more stops the run naming that group. A success "
+                                          "resets the count; 0: the first failure stops the run.",
+                                          validator=non_negative)
+    starvation_timeout_s: float = option(3600.0, "The trainer waits this long for its step's groups "
+                                         "without any new group completing before it stops with a starvation "
+                                         "report (why: collector stopped, generation slower than training, age "
+                                         "window too small). The default is twice cluster.call_timeout_s's: a "
+                                         "group completes only after a generation call and a scoring call, each "
+                                         "of which may take up to that deadline.",
+                                         validator=[positive, v.le(MAX_TIMEOUT_S)])
+
+
+@attrs.frozen(kw_only=True)
 class GRPOConfig:
     __removed__ = {"skip_reference_policy_logprobs_calculation": RemovedOption(
         inert=(False, True), why="reference-policy logprobs are computed exactly when "
@@ -201,6 +236,8 @@ class GRPOConfig:
     stop_at_validation_metric: str | None = option(None, "Stop training once this validation metric (e.g. "
                                                    "accuracy, pass_k) reaches stop_at_validation_threshold.")
     stop_at_validation_threshold: float | None = option(None, "Threshold for stop_at_validation_metric.")
+    async_grpo: AsyncGRPOConfig = option(factory=AsyncGRPOConfig, help="Async GRPO: generation overlapping "
+                                         "training with bounded staleness (docs/async.md).")
 
 
 # --- loss_fn --------------------------------------------------------------------------------
@@ -451,6 +488,11 @@ class CheckpointingConfig:
     checkpoint_must_save_by: str | None = option(None, "Wall-clock budget 'DD:HH:MM:SS' (or 'HH:MM:SS') from the "
                                                  "start of this process: save and exit before it runs out.")
     save_optimizer: bool = option(True, "Include the optimizer state (needed for an exact resume).")
+    load_replay_buffer: bool = option(True, "Async GRPO, on resume: restore the finished prompt groups the "
+                                      "checkpoint holds for the coming steps; false discards them and regenerates "
+                                      "them with the checkpoint's weights (valid, but with schedule=deterministic "
+                                      "no longer bit-identical to an uninterrupted run). The synchronous loop has "
+                                      "no buffer.")
 
 
 @attrs.frozen(kw_only=True)

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from grpo_sdk.core import config as C
+from grpo_sdk.core.async_checks import async_warnings, check_async
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
@@ -426,7 +427,7 @@ def check_memory(cfg: C.MasterConfig) -> list[tuple[str, str]]:
 
 def config_warnings(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Settings that are allowed but probably not what was meant; printed, never fatal."""
-    return check_metrics(cfg, registry)[1] + check_memory(cfg)
+    return check_metrics(cfg, registry)[1] + check_memory(cfg) + async_warnings(cfg)
 
 
 MAX_TEMPLATE_WIDTH = 10_000  # `{prompt:>99999999999}` would pad every prompt to gigabytes
@@ -569,4 +570,4 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_components(cfg, registry))
+            + check_weight_sync(cfg, registry) + check_async(cfg, registry) + check_components(cfg, registry))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -33,3 +33,13 @@ class VLLMConfig:
                                      "cache) after each generation round and take it back before the next.")
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of shared prompt prefixes (the G samples of "
                                          "a prompt share all of it).")
+
+
+def check_options(config: Any, options: VLLMConfig, registry: Any) -> list[tuple[str, str]]:
+    """Async GRPO overlaps generation with training, which an engine asleep during training cannot do."""
+    if options.enable_sleep_mode and config.grpo.async_grpo.enabled:
+        return [("policy.generation.vllm.enable_sleep_mode",
+                 "must be false with grpo.async_grpo.enabled=true: a sleeping engine has released its weights and "
+                 "KV cache while the policy trains, so it cannot generate the next steps' rollouts meanwhile; set "
+                 "policy.generation.vllm.enable_sleep_mode=false")]
+    return []

