@@ -124,3 +124,20 @@ def test_scaling_shaping_filtering_and_clipping_in_a_step(registry, tmp_path, ti
     metrics, rollouts = trainer.train_step()
     assert -0.5 <= metrics["advantages/min"] and metrics["advantages/max"] <= 0.5
     assert metrics["truncated_fraction"] > 0  # 5 new tokens and no EOS: most responses are truncated
+
+
+def test_step_rollouts_serve_any_target_step_with_their_own_counters(registry, tmp_path, tiny_model_dir):
+    """The async collector (issue 15) calls StepRollouts per target step with counters it owns; the
+    group ids continue from those counters and the failure window is theirs."""
+    from types import SimpleNamespace
+
+    trainer = trainer_for(registry, tmp_path, tiny_model_dir)
+    step_rollouts = trainer.components.step_rollouts
+    counters = SimpleNamespace(next_group_id=40, reward_failures=[])
+    batch, _ = step_rollouts.collect(7, counters)
+    assert counters.next_group_id == 44 and sorted(set(batch.group_ids.tolist())) == [40, 41, 42, 43]
+    assert counters.reward_failures == [[0, 16]] and trainer.state.next_group_id == 0  # the trainer's untouched
+    counters.reward_failures = [[16, 16]] * 9  # nine failed batches in the window: the tenth decides
+    batch.reward_valid[:] = False
+    with pytest.raises(GrpoSdkError, match="every one of the 16 samples of step 7 failed"):
+        step_rollouts.check_reward_failures(batch, 7, counters)

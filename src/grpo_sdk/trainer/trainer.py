@@ -38,14 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss
-from grpo_sdk.algorithms.rewards import (
-    clip_advantages,
-    mask_by_seq_logprob_error,
-    scale_rewards,
-    seq_logprob_errors,
-    shape_rewards,
-    trivial_groups,
-)
+from grpo_sdk.algorithms.rewards import clip_advantages, mask_by_seq_logprob_error, seq_logprob_errors
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.config import MasterConfig, plugin_config
 from grpo_sdk.core.config_checks import parse_duration
@@ -59,9 +52,10 @@ from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
-from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of, rollout_metrics
+from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
+from grpo_sdk.trainer.step_rollouts import StepRollouts
 
 VALIDATION_SEED_OFFSET = 7_919  # validation's sampling seed is grpo.seed + this + step
 REWARD_TAIL = 10  # the summary's reward_last is the mean over this many last steps
@@ -111,6 +105,7 @@ class Components:
     teacher: Any  # on-policy distillation's teacher policy, or None
     tokenizer: Any
     prompts: Any  # the training prompt source (dataset, mixture or environment)
+    step_rollouts: StepRollouts  # draws, generates and scores a step's rollouts from ``prompts``
     val_prompts: list[Any]
     sampling: SamplingParams
     max_prompt_tokens: int
@@ -185,14 +180,19 @@ class GRPOTrainer:
         max_prompt_tokens = cfg.data.max_input_seq_length or (cfg.policy.max_total_sequence_length - gen.max_new_tokens)
         in_loss_threshold = cfg.grpo.seq_logprob_error_threshold if cfg.loss_fn.seq_logprob_error_in_loss else None
         rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+        prompts = make_prompt_source(cfg, environment, tokenizer, max_prompt_tokens)
+        sampling = SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                                  top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids))
         self.components = Components(
             context=context, runtime=runtime, policy=policy, generation=generation, environment=environment,
             estimator=estimator, weight_sync=weight_sync, teacher=teacher, tokenizer=tokenizer,
             loss_fn=ClippedPGLoss(cfg.loss_fn, seq_logprob_error_threshold=in_loss_threshold),
-            prompts=make_prompt_source(cfg, environment, tokenizer, max_prompt_tokens),
+            prompts=prompts,
+            step_rollouts=StepRollouts(cfg, prompts=prompts, tokenizer=tokenizer, generation=generation,
+                                       environment=environment, sampling=sampling,
+                                       max_prompt_tokens=max_prompt_tokens),
             val_prompts=make_validation_prompts(cfg, environment, tokenizer, max_prompt_tokens),
-            sampling=SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
-                                    top_k=gen.top_k, stop_token_ids=tuple(gen.stop_token_ids)),
+            sampling=sampling,
             max_prompt_tokens=max_prompt_tokens,
             needs_prev_logprobs=(
                 (cfg.policy.train_global_batch_size or rows) < rows  # several optimizer steps: freeze "old"
@@ -384,68 +384,8 @@ class GRPOTrainer:
         return metrics, rollouts
 
     def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
-        """Rollouts for one step, through the reward pipeline: scale, shape, and (dynamic sampling)
-        keep only prompt groups with a learning signal, generating more batches until there are
-        num_prompts_per_step of them."""
-        grpo, parts = self.config.grpo, self.components
-        target_rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
-        dynamic = grpo.use_dynamic_sampling
-        draw = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if dynamic else grpo.num_prompts_per_step
-        generated, kept, env_metrics = [], [], {}
-        for generation_batch in range(1, (grpo.dynamic_sampling_max_gen_batches if dynamic else 1) + 1):
-            rollouts, env_metrics = collect_rollouts(
-                prompts=parts.prompts.next_prompts(draw), tokenizer=parts.tokenizer, generation=parts.generation,
-                environment=parts.environment, cfg=self.config, sampling=parts.sampling,
-                max_prompt_tokens=parts.max_prompt_tokens, group_offset=self.state.next_group_id)
-            self.state.next_group_id += draw
-            self._process_rewards(rollouts)
-            generated.append(rollouts)
-            self._check_reward_failures(rollouts)
-            trivial = trivial_groups(rollouts.unshaped_rewards, rollouts.group_ids)
-            if not dynamic:
-                return rollouts, {**rollout_metrics(generated, trivial), **env_metrics}
-            kept.append(rollouts.select(~trivial))
-            if sum(b.batch_size for b in kept) >= target_rows:
-                batch = RolloutBatch.concat(kept)
-                metrics = rollout_metrics(generated, torch.cat([trivial_groups(b.unshaped_rewards, b.group_ids)
-                                                                for b in generated]))
-                metrics.update({"dynamic_sampling_num_gen_batches": float(generation_batch),
-                                "dynamic_sampling_num_discarded_valid_samples": float(batch.batch_size - target_rows),
-                                "filtered_reward": float(batch.select(torch.arange(target_rows)).rewards.mean())})
-                return batch.select(torch.arange(target_rows)), {**metrics, **env_metrics}
-        found = sum(b.batch_size for b in kept)
-        raise GrpoSdkError(
-            f"dynamic sampling found {found} of the {target_rows} rows it needs in {grpo.dynamic_sampling_max_gen_batches} "
-            f"generation batches of {draw} prompts: every other prompt group had identical rewards. Raise "
-            "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
-
-    def _process_rewards(self, rollouts: RolloutBatch) -> None:
-        grpo = self.config.grpo
-        components = {k: scale_rewards(v, grpo.reward_scaling) for k, v in rollouts.reward_components.items()}
-        total = scale_rewards(torch.stack(list(rollouts.reward_components.values())).sum(0), grpo.reward_scaling)
-        rollouts.reward_components = components
-        rollouts.unshaped_rewards = total
-        rollouts.rewards = shape_rewards(total, rollouts.response_lengths, rollouts.truncated, grpo.reward_shaping,
-                                         self.components.sampling.max_new_tokens)
-
-    def _check_reward_failures(self, rollouts: RolloutBatch) -> None:
-        """With env.on_reward_error=mask, stop a run whose rewards keep failing (instead of hundreds of
-        steps of `reward nan`): any batch where every sample failed, or too many over a window."""
-        env = self.config.env
-        # A sample with no reward (None) is not a failure: masked, but no sign of a broken reward function.
-        failed, total = int((~rollouts.reward_valid & ~rollouts.reward_missing).sum()), rollouts.batch_size
-        self.state.reward_failures = (self.state.reward_failures + [[failed, total]])[-env.failed_window_steps:]
-        window_failed = sum(f for f, _ in self.state.reward_failures)
-        window_total = sum(t for _, t in self.state.reward_failures)
-        if failed == total and total:
-            why = f"every one of the {total} samples of step {self.state.step + 1} failed to get a reward"
-        elif window_total and window_failed / window_total > env.max_failed_fraction:
-            why = (f"{window_failed} of the last {window_total} samples ({window_failed / window_total:.0%}) "
-                   f"failed to get a reward, more than env.max_failed_fraction={env.max_failed_fraction:g}")
-        else:
-            return
-        raise GrpoSdkError(f"environment {env.name!r}: {why} (env.on_reward_error=mask). The reward function is "
-                           "probably broken: run with env.on_reward_error=raise to see the first failure.")
+        """Rollouts for the next step, through the reward pipeline (``StepRollouts``)."""
+        return self.components.step_rollouts.collect(self.state.step + 1, self.state)
 
     # --- validation -----------------------------------------------------------------------------
 
