@@ -7,7 +7,6 @@ widths wider than the group needs, the way a batch of several prompts pads them.
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 
@@ -21,8 +20,14 @@ from safetensors.torch import load_file
 
 from grpo_sdk.core.errors import ConfigError, ExitCode
 from grpo_sdk.core.records import Message
-from grpo_sdk.trainer.replay_buffer import (BUFFER_JSON, BUFFER_TENSORS, BufferedGroup, BufferFileError, ReplayBuffer,
-                                            ReplayBufferError)
+from grpo_sdk.trainer.replay_buffer import (
+    BUFFER_JSON,
+    BUFFER_TENSORS,
+    BufferedGroup,
+    BufferFileError,
+    ReplayBuffer,
+    ReplayBufferError,
+)
 from grpo_sdk.trainer.rollout import RolloutBatch
 
 PAD = 0
@@ -47,7 +52,8 @@ def make_group(ordinal: int, target: int, version: int, *, G: int = 2, last: int
         response_ids[i, :n] = torch.randint(3, 50, (n,), generator=gen)
         logprobs[i, :n] = -torch.rand(n, generator=gen) * 3
         logs.append([Message(role="user", content=f"prompt {ordinal}", token_ids=tuple(prompt.tolist())),
-                     Message(role="assistant", content=f"answer {ordinal}.{i}", token_ids=tuple(response_ids[i, :n].tolist()),
+                     Message(role="assistant", content=f"answer {ordinal}.{i}",
+                             token_ids=tuple(response_ids[i, :n].tolist()),
                              generation_logprobs=tuple(logprobs[i, :n].tolist()))])
     correct = (torch.rand(rows, generator=gen) > 0.5).float()
     batch = RolloutBatch(
@@ -255,7 +261,8 @@ def test_concurrent_puts_wake_the_waiting_trainer():
         t.join(timeout=10)
         assert not t.is_alive()
     assert not errors
-    assert [[g.ordinal for g in batch.groups] for batch in taken] == [list(range(s * P, s * P + P)) for s in range(steps)]
+    expected = [list(range(s * P, s * P + P)) for s in range(steps)]
+    assert [[g.ordinal for g in batch.groups] for batch in taken] == expected
     assert buf.size == 0
 
 
@@ -333,8 +340,7 @@ def test_round_trip_keeps_padding_that_is_not_one_constant(tmp_path):
     group = make_group(5, 2, 2, G=3)
     logprobs = group.rollouts.generation_logprobs.clone()
     logprobs[:, -1] = torch.tensor([0.5, float("nan"), -1.0])  # a backend that leaves garbage after the stop
-    odd = attrs.evolve(group.rollouts, generation_logprobs=logprobs,
-                       message_logs=[[*log[:-1], attrs.evolve(log[-1], content="x")] for log in group.rollouts.message_logs])
+    odd = attrs.evolve(group.rollouts, generation_logprobs=logprobs)
     buf.put(attrs.evolve(group, rollouts=odd))
     buf.write(tmp_path)
     restored, _ = ReplayBuffer.read(tmp_path, step=2, num_prompts_per_step=1, num_generations=3, max_age=0,

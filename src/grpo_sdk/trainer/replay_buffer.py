@@ -282,9 +282,9 @@ class ReplayBuffer:
                "grpo.num_generations_per_prompt": ("num_generations", num_generations),
                "grpo.async_grpo.schedule": ("schedule", schedule),
                "grpo.async_grpo.max_trajectory_age_steps": ("max_age", max_age)}
-        problems = [(key, f"the replay buffer in {directory} was saved with {document.get(field)!r}, this run has "
-                          f"{value!r}: resume with the same value, or set checkpointing.load_replay_buffer=false to "
-                          "start with an empty buffer") for key, (field, value) in now.items()
+        problems = [(key, (f"the replay buffer in {directory} was saved with {document.get(field)!r}, this run has "
+                           f"{value!r}: resume with the same value, or set checkpointing.load_replay_buffer=false to "
+                           "start with an empty buffer")) for key, (field, value) in now.items()
                     if document.get(field) != value]
         if problems:
             raise ConfigError(problems)
@@ -356,9 +356,9 @@ def _response_row(batch: RolloutBatch, i: int) -> tuple[tuple[int, ...], tuple[f
 def _messages_entry(log: list[Message], batch: RolloutBatch, i: int) -> list[dict[str, Any]]:
     """The row's messages; the assistant turn that is the response row stores no ids or logprobs (the
     tensors hold them), any other turn stores what it has."""
-    out = []
+    out, response = [], _response_row(batch, i)
     for j, m in enumerate(log):
-        if j == len(log) - 1 and m.role == "assistant" and (m.token_ids, m.generation_logprobs) == _response_row(batch, i):
+        if j == len(log) - 1 and m.role == "assistant" and (m.token_ids, m.generation_logprobs) == response:
             out.append({"role": m.role, "content": m.content, "from_response": True})
             continue
         entry: dict[str, Any] = {"role": m.role, "content": m.content, "token_ids": list(m.token_ids)}
@@ -386,36 +386,31 @@ def _jsonable(value: Any, where: str, path: str) -> Any:
                           "values (numbers, strings, lists, dicts; numpy values are converted)")
 
 
+def _message(m: dict[str, Any], batch: RolloutBatch, i: int) -> Message:
+    if m.get("from_response"):
+        ids, logprobs = _response_row(batch, i)
+        return Message(role=m["role"], content=m["content"], token_ids=ids, generation_logprobs=logprobs)
+    logprobs = m.get("generation_logprobs")
+    return Message(role=m["role"], content=m["content"], token_ids=tuple(m["token_ids"]),
+                   generation_logprobs=tuple(logprobs) if logprobs is not None else None)
+
+
 def _group_from_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], pad_token_id: int) -> BufferedGroup:
     key = f"{entry['ordinal']}/"
     fields = {name: tensors[key + name] for name in _PADDED}
     if key + "token_weight_versions" in tensors:
         fields["token_weight_versions"] = tensors[key + "token_weight_versions"]
     for name, (width, value) in entry["pads"].items():
-        t, left = fields[name], _PADDED.get(name, False)
-        full = torch.full((t.shape[0], width), value, dtype=t.dtype)
-        if left:
-            full[:, width - t.shape[1]:] = t
-        else:
-            full[:, :t.shape[1]] = t
-        fields[name] = full
+        t = fields[name]
+        fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+        fields[name] = torch.cat([fill, t] if _PADDED.get(name, False) else [t, fill], dim=1)
     rows = {name: tensors.get(key + name) for name in _ROWS}
     token_versions = fields.pop("token_weight_versions", None)
-    batch = RolloutBatch(**fields, **rows, reward_components={n: tensors[f"{key}reward/{n}"] for n in entry["reward_names"]},
-                         message_logs=[], metadata=[dict(m) for m in entry["metadata"]], pad_token_id=pad_token_id,
+    components = {n: tensors[f"{key}reward/{n}"] for n in entry["reward_names"]}
+    batch = RolloutBatch(**fields, **rows, reward_components=components, message_logs=[],
+                         metadata=[dict(m) for m in entry["metadata"]], pad_token_id=pad_token_id,
                          weight_version=entry["weight_version"])
-    logs = []
-    for i, messages in enumerate(entry["messages"]):
-        log = []
-        for m in messages:
-            if m.get("from_response"):
-                ids, logprobs = _response_row(batch, i)
-                log.append(Message(role=m["role"], content=m["content"], token_ids=ids, generation_logprobs=logprobs))
-            else:
-                logprobs = m.get("generation_logprobs")
-                log.append(Message(role=m["role"], content=m["content"], token_ids=tuple(m["token_ids"]),
-                                   generation_logprobs=tuple(logprobs) if logprobs is not None else None))
-        logs.append(log)
+    logs = [[_message(m, batch, i) for m in messages] for i, messages in enumerate(entry["messages"])]
     return BufferedGroup(ordinal=entry["ordinal"], target_step=entry["target_step"],
                          weight_version=entry["weight_version"], last_weight_version=entry["last_weight_version"],
                          epoch=entry["epoch"], rollouts=attrs.evolve(batch, message_logs=logs),
