@@ -1,0 +1,155 @@
+"""The asynchronous loop's trajectory collector, ``deterministic`` schedule (design/async-grpo.md §3.9).
+
+A thread that generates the target steps the trainer grants, in order, one ``StepRollouts.collect``
+per target (the same code as the synchronous step), and puts each target's prompt groups into the
+replay buffer tagged with the weight version that generated them. Targets count as the trainer's
+``state.step`` does before a step (0-based), and version ``v`` is the weights after ``v`` optimizer
+steps, so the synchronous loop trains target ``t`` on rollouts of version ``t``. At start-up the
+trainer grants targets ``0 .. A``; after training target ``t`` and syncing version ``t + 1`` it
+grants ``t + 1 + A``. So target ``t`` is always generated with the weights ``max(t - A, 0)``: the
+schedule does not depend on timing, and with ``A = 0`` the calls are the synchronous loop's, in
+the same order.
+
+Who waits for whom::
+
+    trainer:   take(t) -> train t -> drain() -> sync version t+1 -> grant(t+1+A) -> take(t+1) ...
+    collector:             generate t+1 .. t+A (older weights) -> idle until granted
+
+``drain`` returns when no target is being generated, so a weight sync never lands mid-generation.
+An exception in the thread is kept, wakes the trainer's wait, and is raised again by
+``check``/``drain``/``grant`` in the trainer's thread with its own type and text. ``stop`` ends the
+thread within a deadline on every path (the trainer opens the collector like any component).
+
+Not yet wired into the trainer: ``grpo.async_grpo.enabled`` is refused at config time until it is
+(core/async_checks.not_built_yet).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import torch
+
+from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.trainer.replay_buffer import BufferedGroup, ReplayBuffer
+from grpo_sdk.trainer.step_rollouts import RolloutCounters, StepRollouts
+
+STOP_DEADLINE_S = 30.0  # a generation call is bounded by cluster.call_timeout_s; a stop waits this long for it
+
+
+class CollectorStopped(GrpoSdkError):
+    """The collector was stopped (or failed) while the trainer was waiting for it."""
+
+
+class TrajectoryCollector:
+    """Example::
+
+        collector = TrajectoryCollector(step_rollouts, buffer, counters)
+        collector.start()
+        collector.grant(A)            # targets 0 .. A at start-up
+        taken = buffer.take(0)        # once buffer.wait_for(0, timeout) is True
+        collector.drain(timeout); sync(version=1); collector.grant(1 + A)
+        collector.stop()
+    """
+
+    def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters):
+        self.step_rollouts = step_rollouts
+        self.buffer = buffer
+        self.counters = counters
+        self.granted_through = -1  # every target <= this may be generated
+        self.generated_through = -1  # every target <= this is in the buffer (or was taken)
+        self.generation_seconds = 0.0
+        self.last_metrics: dict[str, float] = {}  # the newest target's rollout metrics
+        self.error: BaseException | None = None
+        self._busy = False
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # --- the trainer's side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="grpo-collector", daemon=True)
+        self._thread.start()
+
+    def grant(self, through: int) -> None:
+        """Allow generating every target up to ``through`` (with the weights the backend holds now)."""
+        self.check()
+        with self._cond:
+            self.granted_through = max(self.granted_through, through)
+            self._cond.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Return once no target is being generated (every granted one is in the buffer)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._busy or self.generated_through < self.granted_through) and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise GrpoSdkError(f"the collector did not finish generating targets up to "
+                                       f"{self.granted_through} within {timeout:g} s (grpo.async_grpo."
+                                       f"starvation_timeout_s); generated through {self.generated_through}")
+                self._cond.wait(min(left, 0.25))
+        self.check()
+
+    def check(self) -> None:
+        """Raise the collector's error, if it had one, in the caller's thread."""
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.buffer.wake()
+        if self._thread is not None:
+            self._thread.join(STOP_DEADLINE_S)
+
+    def shutdown(self) -> None:  # SupportsShutdown: the trainer stops what it opened
+        self.stop()
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _next_target(self) -> int | None:
+        with self._cond:
+            while not self._stopping and self.generated_through >= self.granted_through:
+                self._cond.wait(0.25)
+            if self._stopping:
+                return None
+            self._busy = True
+            return self.generated_through + 1
+
+    def _run(self) -> None:
+        try:
+            while (target := self._next_target()) is not None:
+                start = time.perf_counter()
+                rollouts, metrics = self.step_rollouts.collect(target + 1, self.counters)  # 1-based in messages
+                # The version the backend reports for this generation (weight sync tags it).
+                for group in split_groups(rollouts, target, rollouts.weight_version,
+                                          epoch=self.step_rollouts.prompts.epoch):
+                    self.buffer.put(group)
+                with self._cond:
+                    self.generation_seconds += time.perf_counter() - start
+                    self.last_metrics = metrics
+                    self.generated_through = target
+                    self._busy = False
+                    self._cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - kept for the trainer's thread, which raises it
+            self.error = exc
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+            self.buffer.wake()
+
+
+def split_groups(rollouts: Any, target: int, version: int, *, epoch: int) -> list[BufferedGroup]:
+    """One BufferedGroup per prompt group of a target's rollouts, in group-id order."""
+    groups = []
+    for ordinal in torch.unique(rollouts.group_ids).tolist():
+        rows = torch.nonzero(rollouts.group_ids == ordinal).flatten()
+        groups.append(BufferedGroup(ordinal=int(ordinal), target_step=target, weight_version=version,
+                                    last_weight_version=version, epoch=epoch, rollouts=rollouts.select(rows)))
+    return groups
