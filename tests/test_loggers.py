@@ -12,6 +12,7 @@ import json
 import math
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,13 @@ def test_wandb_offline_run_holds_history_and_config(context, wandb_env):
 
     feed(WandbLogger(WandbConfig(), context))
     (run_file,) = glob.glob(str(context.run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    # wandb's service process writes the file; finish() can return while its first block still reads
+    # as zeros (a clean-clone CI run on a quiet machine read 8676 bytes and no record at all), so the
+    # records are read once the file holds its run record, for at most 20 s.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+            r.WhichOneof("record_type") == "run" for r in wandb_records(Path(run_file))):
+        time.sleep(0.2)
     history, config, name, kinds = [], {}, None, []
     for record in wandb_records(Path(run_file)):
         kind = record.WhichOneof("record_type")
