@@ -157,14 +157,10 @@ def _print_resume(request: RunRequest, run_dir: Path) -> None:
     if saved_config_of(run_dir) is None:
         print(f"\nstopped before the first checkpoint; nothing to resume in {run_dir}", flush=True)
         return
-    from grpo_sdk.core.config import CheckpointingConfig
-    from grpo_sdk.trainer.checkpoint import CheckpointManager
+    from grpo_sdk.trainer.checkpoint import saved_manager
 
     try:
-        import yaml
-
-        raw = (yaml.safe_load((run_dir / "config.resolved.yaml").read_text()) or {}).get("checkpointing") or {}
-        latest = CheckpointManager(CheckpointingConfig(checkpoint_dir=raw.get("checkpoint_dir")), run_dir).latest()
+        latest = saved_manager(run_dir).latest()
     except Exception:  # noqa: BLE001 - the hint is best effort; the exit code still says interrupted
         latest = None
     print(f"\ncheckpoint: {latest}\nresume: {request.resume_command(run_dir)}", flush=True)

@@ -251,14 +251,9 @@ def ranking_metric(name: str | None, train_metrics: dict[str, float], val_metric
 def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False) -> Path:
     """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
     from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default."""
-    import yaml
-
     from grpo_sdk.core.errors import ConfigError
 
-    saved = run_dir / "config.resolved.yaml"
-    raw = (yaml.safe_load(saved.read_text()) or {}).get("checkpointing", {}) if saved.is_file() else {}
-    fields = {k: raw[k] for k in ("checkpoint_dir", "metric_name", "higher_is_better") if k in raw}
-    manager = CheckpointManager(CheckpointingConfig(**fields), run_dir)
+    manager = saved_manager(run_dir)
     found = manager.checkpoints()
     if not found:
         raise ConfigError([("RUN_DIR", f"{run_dir} holds no complete checkpoint")])
@@ -272,3 +267,15 @@ def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bo
         raise ConfigError([("OUT", f"{out} already exists")])
     shutil.copytree(chosen / "policy", out, ignore=shutil.ignore_patterns("optimizer.*"))
     return chosen / "policy"
+
+
+def saved_manager(run_dir: Path) -> CheckpointManager:
+    """The checkpoints of a run directory where its saved config.resolved.yaml puts them, read
+    without loading (or validating) the rest of that config; the defaults when there is none."""
+    import yaml
+
+    saved = Path(run_dir) / "config.resolved.yaml"
+    raw = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("checkpointing") or {} \
+        if saved.is_file() else {}
+    fields = {k: raw[k] for k in ("checkpoint_dir", "metric_name", "higher_is_better") if k in raw}
+    return CheckpointManager(CheckpointingConfig(**fields), Path(run_dir))

@@ -48,14 +48,10 @@ def saved_config_of(run_dir: Path | None) -> Path | None:
     saved = Path(run_dir) / SAVED_CONFIG
     if not saved.is_file():
         return None
-    from grpo_sdk.core.config import CheckpointingConfig
-    from grpo_sdk.trainer.checkpoint import CheckpointManager
+    from grpo_sdk.trainer.checkpoint import saved_manager
 
     try:  # only where the checkpoints are: the rest of the saved config is loaded (and checked) later
-        import yaml
-
-        raw = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("checkpointing") or {}
-        manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=raw.get("checkpoint_dir")), Path(run_dir))
+        manager = saved_manager(Path(run_dir))
     except Exception:  # noqa: BLE001 - an unreadable saved config is reported when it is loaded
         return saved
     return saved if manager.latest() is not None else None
