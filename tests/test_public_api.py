@@ -30,6 +30,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 PUBLIC_NAMES = [
     "AdvantageEstimator",
+    "AsyncGeneration",
     "Capability",
     "Checkpointable",
     "ComponentInfo",
@@ -55,6 +56,7 @@ PUBLIC_NAMES = [
     "ModelLoadError",
     "NonFiniteError",
     "PLUGIN_API_VERSION",
+    "PausesForRefit",
     "PluginError",
     "Policy",
     "PromptSampler",
@@ -81,6 +83,8 @@ PUBLIC_NAMES = [
 # protocols (Checkpointable ... WeightFileWriter) are what the loop and runtimes check with isinstance.
 PROTOCOLS = {
     "AdvantageEstimator": {"compute_advantages": "(self, rewards, group_ids, mask, **extras)"},
+    "AsyncGeneration": {"cancel": "(self, request_ids)", "poll": "(self, timeout_s)",
+                        "submit": "(self, request_id, prompts, sampling)"},
     "Checkpointable": {"load_checkpoint": "(self, path)", "save_checkpoint": "(self, path)"},
     "DeclaresRewardComponents": {"num_reward_components": "(self)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
@@ -93,6 +97,8 @@ PROTOCOLS = {
     },
     "Logger": {"close": "(self)", "log_metrics": "(self, step, metrics)"},
     "LossFunction": {"__call__": "(self, logprobs, batch, *, global_valid_seqs, global_valid_toks)"},
+    "PausesForRefit": {"pause_generation": "(self, *, keep_in_flight)",
+                       "resume_generation": "(self, *, recompute_kv_cache)"},
     "Policy": {
         "load_checkpoint": "(self, path)",
         "logprobs": "(self, batch)",
@@ -137,7 +143,8 @@ RECORDS = {
     "ConfigSection": "name, config, summary=",
     "EnvironmentReturn": "rewards, done=, observations=, metadata=, metrics=",
     "GenerationInput": "input_ids, attention_mask",
-    "GenerationOutput": "response_ids, response_lengths, logprobs, truncated, weight_version=",
+    "GenerationOutput": ("response_ids, response_lengths, logprobs, truncated, weight_version=, "
+                         "token_weight_versions="),
     "Message": "role, content, token_ids=, generation_logprobs=",
     "RunContext": ("config, run_dir, model_path, tokenizer_path, device, seed, needs_reference, registry=, "
                    "resume_step=, rank=, world_size=, eos_token_id=, pad_token_id="),

@@ -48,10 +48,12 @@ class Capability(enum.StrEnum):
     """generation: can load weights from CUDA IPC handles in its own process (the ``cuda_ipc``
     transport's ``update_weights`` path). Read by the ``cuda_ipc`` transport's config check."""
     IN_FLIGHT_WEIGHT_UPDATES = "in_flight_weight_updates"
-    """generation: takes new weights while requests are in flight (they finish under the new
-    weights, each token tagged with the version that sampled it), so async GRPO's refit need not
-    drain it; ``grpo.async_grpo.in_flight_weight_updates=true`` requires it. No built-in backend
-    declares it yet (docs/async.md). Read by the config checks."""
+    """generation: ``update_weights`` during ``generate`` takes effect between decode steps (the
+    requests in flight finish under the new weights), reports per-token versions
+    (``GenerationOutput.token_weight_versions``) and honours
+    ``resume_generation(recompute_kv_cache=)``; the class implements ``PausesForRefit``. So async
+    GRPO's refit need not drain it; ``grpo.async_grpo.in_flight_weight_updates=true`` requires it.
+    Read by the config checks and the contract kit (``PausesForRefit`` must be there)."""
 
 
 CAPABILITY_KINDS: dict[Capability, str] = {

@@ -64,8 +64,9 @@ class Generation(Protocol):
     def shutdown(self) -> None: ...
 
     # Optional: ``Checkpointable`` (state beyond the weights, such as the sampling RNG, so that a
-    # resumed run samples exactly what the original would have) and ``WeightFileLoader`` (load a
-    # weights file the ``disk`` transport wrote), both below.
+    # resumed run samples exactly what the original would have), ``WeightFileLoader`` (load a
+    # weights file the ``disk`` transport wrote), and for async GRPO ``PausesForRefit`` (weight
+    # updates while requests are in flight) and ``AsyncGeneration`` (submit and poll), all below.
 
 
 @runtime_checkable
@@ -380,6 +381,69 @@ class SurvivorNormalizedLoss(Protocol):
 
 
 @runtime_checkable
+class PausesForRefit(Protocol):
+    """A generation backend that can stop new starts for a weight update, without
+    (``keep_in_flight=True``) or after (``False``) draining what is in flight. Async GRPO's
+    collector calls it around every refit (docs/async.md); a backend declaring the
+    ``in_flight_weight_updates`` capability must have it (the contract kit checks).
+
+    ``pause_generation(keep_in_flight=False)`` returns once no generation is running (it waits
+    for the running ``generate`` call); ``keep_in_flight=True`` returns at once, with the running
+    requests still decoding: ``update_weights`` may then land between two of their decode steps.
+    Until ``resume_generation``, a new ``generate`` call waits (bounded by a deadline, then a clear
+    error). ``resume_generation(recompute_kv_cache=True)`` makes requests that were in flight across
+    an update recompute their KV cache under the new weights before their next token (AReaL
+    style); ``False`` lets them continue on the cache the old weights wrote (Magistral style).
+    Either way each token's logprob stays that of the distribution it was sampled from, and
+    ``GenerationOutput.token_weight_versions`` says which weights sampled it.
+
+    Example (the refit of the async collector, in-flight)::
+
+        generation.pause_generation(keep_in_flight=True)    # running requests keep decoding
+        sync.sync_weights(policy, generation, version=7)    # lands between two decode steps
+        generation.resume_generation(recompute_kv_cache=False)
+        isinstance(HFGeneration(config, context), PausesForRefit)   # True
+    """
+
+    def pause_generation(self, *, keep_in_flight: bool) -> None: ...
+
+    def resume_generation(self, *, recompute_kv_cache: bool) -> None: ...
+
+
+@runtime_checkable
+class AsyncGeneration(Protocol):
+    """A generation backend that takes requests without blocking and hands back results as they
+    finish (a continuous-batching engine), so async GRPO's ``newest`` schedule streams prompt groups
+    instead of waiting for the slowest row of a batch (docs/async.md).
+
+    ``submit(request_id, prompts, sampling)`` queues a request (``request_id`` unique among those
+    not yet polled) and returns at once. ``poll(timeout_s)`` waits at most ``timeout_s`` seconds for
+    at least one request to finish and returns every finished one as ``(request_id, output)``, or
+    ``(request_id, exception)`` for a request that failed; ``[]`` when none finished in time.
+    ``cancel(request_ids)`` drops requests that have not been returned yet (unknown ids are
+    ignored); a cancelled request is never returned by ``poll``. ``update_weights`` and
+    ``PausesForRefit`` apply to submitted requests as to a running ``generate``.
+
+    Example::
+
+        generation.submit("g17", GenerationInput(input_ids=ids, attention_mask=am),
+                          SamplingParams(max_new_tokens=64))
+        for request_id, result in generation.poll(timeout_s=0.25):
+            if isinstance(result, BaseException):
+                ...                                  # retry or report request_id
+            else:
+                result.response_ids, result.token_weight_versions
+        generation.cancel(["g18"])                   # stopping: never returned
+    """
+
+    def submit(self, request_id: str, prompts: GenerationInput, sampling: SamplingParams) -> None: ...
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | BaseException]]: ...
+
+    def cancel(self, request_ids: Sequence[str]) -> None: ...
+
+
+@runtime_checkable
 class SupportsShutdown(Protocol):
     """A component that holds something to release when the run ends (a process pool, a server
     connection, a sandbox). ``Generation`` and ``Policy`` require it; for an environment, an
@@ -398,7 +462,8 @@ class SupportsShutdown(Protocol):
 
 
 OPTIONAL_PROTOCOLS: tuple[type, ...] = (Checkpointable, PromptSampler, ReportsMetrics, WeightFileWriter,
-                                        WeightFileLoader, SurvivorNormalizedLoss, SupportsShutdown)
+                                        WeightFileLoader, SurvivorNormalizedLoss, SupportsShutdown,
+                                        PausesForRefit, AsyncGeneration)
 """Every optional protocol above (the Ray workers report which of their methods a component has)."""
 
 

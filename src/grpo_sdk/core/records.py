@@ -98,13 +98,21 @@ class GenerationInput:
 
 @attrs.frozen(kw_only=True, eq=False)
 class GenerationOutput:
-    """What a generation backend returns for a ``GenerationInput``."""
+    """What a generation backend returns for a ``GenerationInput``.
+
+    A weight update that lands while a request is in flight (the ``in_flight_weight_updates``
+    capability) gives one response tokens of several versions: ``token_weight_versions`` says which
+    weights sampled each token, ``weight_version`` is the oldest of them (a group's age is measured
+    from it), and ``logprobs`` stay those of the distribution each token was actually sampled from.
+    """
 
     response_ids: Tensor  # [B, R] long, right-padded with pad_token_id
     response_lengths: Tensor  # [B] long: generated tokens, including the stop token if sampled
     logprobs: Tensor  # [B, R] float: logprob of each sampled token under the sampling distribution; 0 on padding
     truncated: Tensor  # [B] bool: reached max_new_tokens without a stop token
-    weight_version: int = 0  # the policy version whose weights produced these samples
+    weight_version: int = 0  # the policy version whose weights sampled the oldest token of these samples
+    token_weight_versions: Tensor | None = None  # [B, R] long: the version that sampled each token (padding: any);
+    # None: every token has weight_version
 
 
 @attrs.frozen(kw_only=True)

@@ -46,12 +46,14 @@ from grpo_sdk.core.errors import (
 )
 from grpo_sdk.core.protocols import (
     AdvantageEstimator,
+    AsyncGeneration,
     Checkpointable,
     DeclaresRewardComponents,
     Environment,
     Generation,
     Logger,
     LossFunction,
+    PausesForRefit,
     Policy,
     PromptSampler,
     ReportsMetrics,
@@ -87,6 +89,7 @@ from grpo_sdk.plugins.specs import (
 
 __all__ = [
     "AdvantageEstimator",
+    "AsyncGeneration",
     "Capability",
     "Checkpointable",
     "ComponentInfo",
@@ -112,6 +115,7 @@ __all__ = [
     "ModelLoadError",
     "NonFiniteError",
     "PLUGIN_API_VERSION",
+    "PausesForRefit",
     "PluginError",
     "Policy",
     "PromptSampler",
