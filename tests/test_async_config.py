@@ -2,7 +2,7 @@
 the config-time rules of `check_async` (each a ConfigError naming the key and the fix, exit 2), the
 `in_flight_weight_updates` capability, the round trip through config.resolved.yaml and the docs.
 
-Until the collector lands every load with `grpo.async_grpo.enabled=true` fails with the
+Until the newest schedule lands every load with `grpo.async_grpo.schedule=newest` fails with the
 "being built" problem; the rules are asserted alongside it, so they hold once that one is deleted.
 """
 
@@ -26,7 +26,9 @@ from grpo_sdk.plugins import ComponentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = ("grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true")
-NOT_BUILT = "async GRPO is being built: issue 15; this release trains synchronously"
+NOT_BUILT = ("newest is being built (issue 15); this release has the deterministic schedule only (set "
+             "grpo.async_grpo.schedule=deterministic)")
+NEWEST = "grpo.async_grpo.schedule=newest"
 
 
 def load(registry, *overrides: str) -> C.MasterConfig:
@@ -83,13 +85,15 @@ def test_off_the_section_is_inert_and_its_rules_silent(registry):
 # --- the rules --------------------------------------------------------------------------------------
 
 
-def test_enabled_is_refused_until_the_trainer_is_async():
-    """`config validate` exits 2 on a config that is otherwise a valid async one, with that one problem.
-    Delete with `async_checks.not_built_yet` when the collector lands."""
-    result = run_grpoctl("config", "validate", *ON)
+def test_newest_is_refused_until_built_and_deterministic_validates():
+    """`config validate` exits 2 on a config that is otherwise a valid newest one, with that one problem,
+    and 0 on the deterministic one. Delete the first half with `async_checks.not_built_yet`."""
+    result = run_grpoctl("config", "validate", *ON, NEWEST)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"grpo.async_grpo.enabled: {NOT_BUILT} (set grpo.async_grpo.enabled=false)" in result.stderr
+    assert f"grpo.async_grpo.schedule: {NOT_BUILT}" in result.stderr
     assert "Traceback" not in result.stderr and result.stderr.count("grpo.async_grpo") == 2, result.stderr
+    result = run_grpoctl("config", "validate", *ON)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_rule_exits_2_through_the_cli_with_the_key_and_the_fix():
@@ -104,14 +108,16 @@ def test_a_rule_exits_2_through_the_cli_with_the_key_and_the_fix():
 @pytest.mark.parametrize("overrides", [
     [],  # deterministic, A=1
     ["grpo.async_grpo.max_trajectory_age_steps=0"],  # the sync loop, exactly
-    ["grpo.async_grpo.schedule=newest", "grpo.async_grpo.max_trajectory_age_steps=3",
+    [NEWEST, "grpo.async_grpo.max_trajectory_age_steps=3",
      "grpo.async_grpo.max_generation_failures=5", "grpo.use_dynamic_sampling=true"],
     ["grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=2"],  # deterministic draws batches as sync does
     ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"],
 ])
-def test_valid_async_configs_meet_only_the_not_built_refusal(registry, overrides):
-    assert config_problems(registry, *ON, *overrides) == {"grpo.async_grpo.enabled": NOT_BUILT
-                                                         + " (set grpo.async_grpo.enabled=false)"}
+def test_valid_async_configs_load(registry, overrides):
+    if NEWEST in overrides:
+        assert config_problems(registry, *ON, *overrides) == {"grpo.async_grpo.schedule": NOT_BUILT}
+    else:
+        assert check_config(load(registry, *ON, *overrides), registry) == []
 
 
 @pytest.mark.parametrize("overrides, key, fragments", [
@@ -138,8 +144,8 @@ def test_each_rule_names_the_key_and_the_fix(registry, overrides, key, fragments
     assert key in found, found
     for fragment in fragments:
         assert fragment in found[key]
-    # Exactly this rule and the not-built refusal: no rule fires for another's setting.
-    assert set(found) == {key, "grpo.async_grpo.enabled"}, found
+    # Exactly this rule (and the not-built refusal of newest): no rule fires for another's setting.
+    assert set(found) == {key} | ({"grpo.async_grpo.schedule"} if NEWEST in overrides else set()), found
 
 
 def test_in_flight_needs_the_backend_capability_and_names_the_backend(registry):
@@ -149,13 +155,13 @@ def test_in_flight_needs_the_backend_capability_and_names_the_backend(registry):
     assert "needs a generation backend that declares the in_flight_weight_updates capability" in message
     assert "'hf' (policy.generation.backend) does not (no installed backend declares it yet)" in message
     assert "set grpo.async_grpo.in_flight_weight_updates=false" in message
-    assert set(found) == {"grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.enabled"}
+    assert set(found) == {"grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.schedule"}
 
 
 def test_every_problem_is_reported_at_once(registry):
     found = config_problems(registry, "grpo.async_grpo.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true",
                             "cluster.runtime=ray", "grpo.advantage_clip_low=2", "grpo.advantage_clip_high=1")
-    assert set(found) == {"grpo.async_grpo.enabled", "loss_fn.use_importance_sampling_correction",
+    assert set(found) == {"loss_fn.use_importance_sampling_correction",
                           "grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.schedule",
                           "policy.generation.colocated.enabled", "grpo.advantage_clip_low"}, found
 
@@ -172,7 +178,7 @@ def _with_generation_backend(registry, name: str, capabilities: set[str]):
 def test_a_backend_declaring_the_capability_passes_and_is_named_for_the_others(registry):
     extended = _with_generation_backend(registry, "streaming", {"in_flight_weight_updates"})
     flags = (*ON, "grpo.async_grpo.in_flight_weight_updates=true", "grpo.async_grpo.schedule=newest")
-    assert set(config_problems(extended, *flags, "policy.generation.backend=streaming")) == {"grpo.async_grpo.enabled"}
+    assert set(config_problems(extended, *flags, "policy.generation.backend=streaming")) == {"grpo.async_grpo.schedule"}
     message = config_problems(extended, *flags)["grpo.async_grpo.in_flight_weight_updates"]
     assert "'hf' (policy.generation.backend) does not (those that do: streaming)" in message
 
@@ -181,7 +187,7 @@ def test_in_flight_with_the_deterministic_schedule_is_refused_whatever_the_backe
     extended = _with_generation_backend(registry, "streaming", {"in_flight_weight_updates"})
     found = config_problems(extended, *ON, "grpo.async_grpo.in_flight_weight_updates=true",
                             "policy.generation.backend=streaming")
-    assert set(found) == {"grpo.async_grpo.schedule", "grpo.async_grpo.enabled"}, found
+    assert set(found) == {"grpo.async_grpo.schedule"}, found
     for fragment in ("deterministic cannot take in-flight weight updates", "depends on timing",
                      "set grpo.async_grpo.schedule=newest, or grpo.async_grpo.in_flight_weight_updates=false"):
         assert fragment in found["grpo.async_grpo.schedule"]
@@ -189,9 +195,9 @@ def test_in_flight_with_the_deterministic_schedule_is_refused_whatever_the_backe
 
 def test_not_built_yet_is_the_one_rule_on_a_valid_config(registry):
     """What the lead deletes: with it gone, a valid async config has no problem left."""
-    cfg = enabled(load(registry, ON[1]))
+    cfg = enabled(load(registry, ON[1]), schedule="newest")
     assert check_config(cfg, registry) == not_built_yet(cfg) != []
-    assert not_built_yet(load(registry)) == []
+    assert not_built_yet(load(registry)) == [] == check_config(enabled(load(registry, ON[1])), registry)
 
 
 def test_vllm_sleep_mode_is_refused_by_the_vllm_backend(registry):

@@ -19,15 +19,15 @@ PREFIX = "grpo.async_grpo"
 
 
 def not_built_yet(cfg: C.MasterConfig) -> list[tuple[str, str]]:
-    """Refuses ``enabled=true`` while the trainer has no collector to honour it.
+    """Refuses ``schedule=newest`` while the collector has only the deterministic schedule.
 
     The one place this is refused: delete this function and its call in ``check_async`` (and
-    ``test_enabled_is_refused_until_the_trainer_is_async``) when the collector lands.
+    ``test_newest_is_refused_until_built``) when the newest schedule lands.
     """
-    if not cfg.grpo.async_grpo.enabled:
+    if cfg.grpo.async_grpo.schedule != "newest":
         return []
-    return [(f"{PREFIX}.enabled", "async GRPO is being built: issue 15; this release trains synchronously "
-             f"(set {PREFIX}.enabled=false)")]
+    return [(f"{PREFIX}.schedule", "newest is being built (issue 15); this release has the deterministic schedule "
+             f"only (set {PREFIX}.schedule=deterministic)")]
 
 
 def declaring(registry: Any, capability: Capability, kind: str = "generation") -> list[str]:

@@ -20,8 +20,9 @@ An exception in the thread is kept, wakes the trainer's wait, and is raised agai
 ``check``/``drain``/``grant`` in the trainer's thread with its own type and text. ``stop`` ends the
 thread within a deadline on every path (the trainer opens the collector like any component).
 
-Not yet wired into the trainer: ``grpo.async_grpo.enabled`` is refused at config time until it is
-(core/async_checks.not_built_yet).
+Before drawing a target the collector records the data frontier there (the prompt source's state
+and the counters): a resume with ``checkpointing.load_replay_buffer=false`` rewinds to the frontier
+of the lowest untrained target and regenerates from it, so no prompt is skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+import attrs
 import torch
 
 from grpo_sdk.core.errors import GrpoSdkError
@@ -54,14 +56,17 @@ class TrajectoryCollector:
         collector.stop()
     """
 
-    def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters):
+    def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters, *,
+                 generated_through: int = -1, num_threads: int | None = None):
         self.step_rollouts = step_rollouts
         self.buffer = buffer
         self.counters = counters
-        self.granted_through = -1  # every target <= this may be generated
-        self.generated_through = -1  # every target <= this is in the buffer (or was taken)
+        self.granted_through = generated_through  # every target <= this may be generated
+        self.generated_through = generated_through  # every target <= this is in the buffer (or was taken)
+        self.num_threads = num_threads  # torch's intra-op threads in the collector thread (cluster.num_threads)
         self.generation_seconds = 0.0
-        self.last_metrics: dict[str, float] = {}  # the newest target's rollout metrics
+        self.results: dict[int, TargetResult] = {}  # per generated target, until the trainer pops it
+        self.frontiers: dict[int, dict[str, Any]] = {}  # per target: the data frontier before it was drawn
         self.error: BaseException | None = None
         self._busy = False
         self._stopping = False
@@ -110,6 +115,26 @@ class TrajectoryCollector:
     def shutdown(self) -> None:  # SupportsShutdown: the trainer stops what it opened
         self.stop()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def pop_result(self, target: int) -> TargetResult:
+        with self._cond:
+            return self.results.pop(target)
+
+    def frontier(self, target: int) -> dict[str, Any]:
+        """The data frontier before ``target`` was drawn; the live one if it was not drawn yet
+        (call it while the collector is idle: after ``drain``)."""
+        with self._cond:
+            if target in self.frontiers:
+                return self.frontiers[target]
+            return self._frontier_now()
+
+    def _frontier_now(self) -> dict[str, Any]:
+        return {"data": self.step_rollouts.prompts.state_dict(), "next_group_id": self.counters.next_group_id,
+                "reward_failures": [list(x) for x in self.counters.reward_failures]}
+
     # --- the thread ---------------------------------------------------------------------------
 
     def _next_target(self) -> int | None:
@@ -123,16 +148,24 @@ class TrajectoryCollector:
 
     def _run(self) -> None:
         try:
+            if self.num_threads:  # OpenMP's thread count is per thread: a new thread starts at the default
+                torch.set_num_threads(self.num_threads)
             while (target := self._next_target()) is not None:
+                with self._cond:
+                    self.frontiers[target] = self._frontier_now()
+                    for old in [t for t in self.frontiers if t < target - self.buffer.max_age - 1]:
+                        del self.frontiers[old]
                 start = time.perf_counter()
                 rollouts, metrics = self.step_rollouts.collect(target + 1, self.counters)  # 1-based in messages
+                seconds = time.perf_counter() - start
+                epoch = self.step_rollouts.prompts.epoch
                 # The version the backend reports for this generation (weight sync tags it).
-                for group in split_groups(rollouts, target, rollouts.weight_version,
-                                          epoch=self.step_rollouts.prompts.epoch):
+                for group in split_groups(rollouts, target, rollouts.weight_version, epoch=epoch,
+                                          seconds=seconds):
                     self.buffer.put(group)
                 with self._cond:
-                    self.generation_seconds += time.perf_counter() - start
-                    self.last_metrics = metrics
+                    self.generation_seconds += seconds
+                    self.results[target] = TargetResult(metrics=metrics, seconds=seconds, epoch=epoch)
                     self.generated_through = target
                     self._busy = False
                     self._cond.notify_all()
@@ -145,11 +178,22 @@ class TrajectoryCollector:
             self.buffer.wake()
 
 
-def split_groups(rollouts: Any, target: int, version: int, *, epoch: int) -> list[BufferedGroup]:
+@attrs.frozen
+class TargetResult:
+    """What the trainer logs for a target besides its groups: the rollout metrics of its
+    ``StepRollouts.collect``, the seconds it took, and the data epoch after drawing it."""
+
+    metrics: dict[str, float]
+    seconds: float
+    epoch: int
+
+
+def split_groups(rollouts: Any, target: int, version: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:
     """One BufferedGroup per prompt group of a target's rollouts, in group-id order."""
     groups = []
     for ordinal in torch.unique(rollouts.group_ids).tolist():
         rows = torch.nonzero(rollouts.group_ids == ordinal).flatten()
         groups.append(BufferedGroup(ordinal=int(ordinal), target_step=target, weight_version=version,
-                                    last_weight_version=version, epoch=epoch, rollouts=rollouts.select(rows)))
+                                    last_weight_version=version, epoch=epoch, rollouts=rollouts.select(rows),
+                                    generation_seconds=seconds))
     return groups

@@ -50,6 +50,7 @@ from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
+from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
 from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
@@ -75,6 +76,7 @@ class TrainerState:
     validation: dict[str, float] = attrs.field(factory=dict)  # the last validation's metrics
     ranking_metric: float | None = None  # checkpointing.metric_name's value at this checkpoint
     reward_failures: list[list[int]] = attrs.field(factory=list)  # [failed, scored] of recent batches
+    rollouts: dict[str, Any] = attrs.field(factory=dict)  # async GRPO: the trained epoch, the data cut
 
     def record_reward(self, reward: float) -> None:
         if self.reward_first is None:
@@ -130,6 +132,8 @@ class GRPOTrainer:
         self.last_saved_step: int | None = None
         self.validated_step: int | None = None
         self.last_metrics: dict[str, float] = {}  # the last logged step's, for the summary
+        self.async_rollouts: AsyncRollouts | None = None  # grpo.async_grpo.enabled: the collector and buffer
+        self.restored_from: Path | None = None  # the checkpoint setup resumed from
 
     @property
     def step(self) -> int:
@@ -249,7 +253,15 @@ class GRPOTrainer:
     def finished(self) -> bool:
         """The run reached its end (also: a resumed run with nothing left to do)."""
         grpo = self.config.grpo
-        return self.state.step >= grpo.max_num_steps or self.components.prompts.epoch >= grpo.max_num_epochs
+        return self.state.step >= grpo.max_num_steps or self.data_epoch >= grpo.max_num_epochs
+
+    @property
+    def data_epoch(self) -> int:
+        """Completed passes over the data as far as training went (async: the collector draws ahead,
+        so it is the epoch recorded with the last trained target)."""
+        if self.config.grpo.async_grpo.enabled:
+            return int(self.state.rollouts.get("epoch", 0))
+        return self.components.prompts.epoch
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> RunSummary:
         """Train to the end (steps, epochs, early stop, deadline or a stop signal); write and return
@@ -286,6 +298,9 @@ class GRPOTrainer:
         deadline = parse_duration(ckpt.checkpoint_must_save_by) if ckpt.checkpoint_must_save_by else None
         if grpo.val_at_start and self.state.step == 0 and self.components.val_prompts:
             self._log(0, self._validation_metrics(0))
+        if grpo.async_grpo.enabled:  # after the first validation: that one has the engine to itself
+            self.async_rollouts = self._open(AsyncRollouts(self.config, self.components.step_rollouts, self.state))
+            self.async_rollouts.start(self.state.step, self.restored_from)
         metrics: dict[str, float] = {}
         slowest_step = 0.0
         while not self.finished:
@@ -316,6 +331,8 @@ class GRPOTrainer:
             if STOP.requested or early or late:
                 return RunStatus.INTERRUPTED if STOP.requested else RunStatus.EARLY_STOP if early \
                     else RunStatus.DEADLINE
+            if self.async_rollouts is not None and not self.finished:
+                self.async_rollouts.after_step(step)  # validated and saved: the next target may start
         if grpo.val_at_end and self.components.val_prompts and self.state.step \
                 and self.validated_step != self.state.step:  # the run ended by epochs, not steps
             validation = self._validation_metrics(self.state.step)
@@ -330,8 +347,12 @@ class GRPOTrainer:
         cfg, parts = self.config, self.components
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        rollouts, metrics = self.collect_rollouts()
-        timings["rollout"] = time.perf_counter() - start
+        if self.async_rollouts is not None:
+            rollouts, metrics, timings["exposed_generation"] = self.async_rollouts.batch_for(self.state.step)
+            generation_seconds = metrics["timing/collector/generation"]
+        else:
+            rollouts, metrics = self.collect_rollouts()
+            timings["rollout"] = generation_seconds = time.perf_counter() - start
 
         sample_mask = rollouts.reward_valid.float()
         if cfg.grpo.overlong_filtering:  # out of the loss, still in the baseline
@@ -374,13 +395,15 @@ class GRPOTrainer:
         if cfg.logger.dump_train_data:
             dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", rollouts, batch)
 
+        if self.async_rollouts is not None:  # the engine holds one version: let the collector finish first
+            timings["refit_bubble"] = self.async_rollouts.before_weight_sync()
         tick = time.perf_counter()
         parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step + 1)
         timings["weight_sync"] = time.perf_counter() - tick
         timings["step"] = time.perf_counter() - start
         metrics.update({f"timing/{k}": v for k, v in timings.items()})
         metrics["perf/tokens_per_sec"] = metrics["generated_tokens"] / timings["step"]
-        metrics["perf/rollout_tokens_per_sec"] = metrics["generated_tokens"] / timings["rollout"]
+        metrics["perf/rollout_tokens_per_sec"] = metrics["generated_tokens"] / generation_seconds
         return metrics, rollouts
 
     def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
@@ -448,6 +471,8 @@ class GRPOTrainer:
         version, internal, gauss = random.getstate()
         self.state.python_random = [version, list(internal), gauss]
         self.state.data = self.components.prompts.state_dict()
+        if self.async_rollouts is not None:
+            self.state.rollouts = self.async_rollouts.checkpoint_state(self.state.step)
         path = self.checkpoints.save(self.state.step, self._write_checkpoint, self.state.to_json())
         self.last_saved_step = self.state.step
         self.registry.host.checkpoint_saved(run=self, step=self.state.step, path=str(path))
@@ -460,6 +485,8 @@ class GRPOTrainer:
         if isinstance(parts.generation, Checkpointable):
             parts.generation.save_checkpoint(str(directory / "generation"))
         save_file({"torch": torch.get_rng_state()}, str(directory / "rng.safetensors"))
+        if self.async_rollouts is not None:
+            self.async_rollouts.write(directory)
 
     def _restore(self, directory: Path) -> None:
         parts, directory = self.components, directory.absolute()
@@ -472,6 +499,9 @@ class GRPOTrainer:
         version, internal, gauss = self.state.python_random
         random.setstate((version, tuple(internal), gauss))
         parts.prompts.load_state_dict(self.state.data)
+        if not self.config.grpo.async_grpo.enabled:  # an async run's checkpoint drew ahead of training
+            rewind_to_cut(self.state, parts.prompts)
+        self.restored_from = directory
         self.last_saved_step = self.state.step
 
     def _summary(self, status: RunStatus, start: float) -> RunSummary:
@@ -494,7 +524,7 @@ class GRPOTrainer:
     def _ended_by(self, status: RunStatus) -> str | None:
         grpo = self.config.grpo
         if status == RunStatus.COMPLETED and self.state.step < grpo.max_num_steps \
-                and self.components.prompts.epoch >= grpo.max_num_epochs:
+                and self.data_epoch >= grpo.max_num_epochs:
             return "grpo.max_num_epochs"
         return None
 
