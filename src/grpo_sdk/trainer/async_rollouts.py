@@ -153,11 +153,12 @@ class AsyncRollouts:
         return (f"buffer {held}; collector granted through step {self.collector.granted_through + 1}, generated "
                 f"through step {self.collector.generated_through + 1}")
 
-    def before_weight_sync(self) -> float:
-        """Wait until the collector generated every granted target; returns the seconds waited."""
+    def before_weight_sync(self) -> tuple[float, float]:
+        """Wait until the collector generated every granted target; returns the seconds waited and
+        the groups then in the buffer (at this moment the count does not depend on timing)."""
         start = time.perf_counter()
         self.collector.drain(self.timeout)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, float(self.buffer.size)
 
     # --- checkpoints --------------------------------------------------------------------------------
 

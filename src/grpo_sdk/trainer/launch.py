@@ -33,6 +33,9 @@ SAVED_CONFIG = "config.resolved.yaml"
 RESUMABLE_KEYS = (
     "grpo.max_num_steps", "grpo.max_num_epochs", "logger",
     "checkpointing.save_period", "checkpointing.keep_top_k", "checkpointing.checkpoint_must_save_by",
+    # Async GRPO: how the resumed run treats its replay buffer, and how long it waits (docs/async.md).
+    "checkpointing.load_replay_buffer", "grpo.async_grpo.max_trajectory_age_steps",
+    "grpo.async_grpo.starvation_timeout_s",
 )
 MAX_SHOWN_CHANGES = 20
 

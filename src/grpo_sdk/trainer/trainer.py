@@ -396,7 +396,7 @@ class GRPOTrainer:
             dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", rollouts, batch)
 
         if self.async_rollouts is not None:  # the engine holds one version: let the collector finish first
-            timings["refit_bubble"] = self.async_rollouts.before_weight_sync()
+            timings["refit_bubble"], metrics["train/buffer_size"] = self.async_rollouts.before_weight_sync()
         tick = time.perf_counter()
         parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step + 1)
         timings["weight_sync"] = time.perf_counter() - tick
