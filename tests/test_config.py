@@ -455,17 +455,23 @@ def test_an_old_resolved_config_with_removed_keys_still_loads(registry, tmp_path
     was removed holds it at its default, and must load (silently: it meant nothing)."""
     old = yaml.safe_load(to_yaml(load(registry)))
     old["grpo"]["skip_reference_policy_logprobs_calculation"] = False
-    old["policy"]["generation"]["vllm"] = {"gpu_memory_utilization": 0.5, "async_engine": False}
     path = tmp_path / "config.resolved.yaml"
     path.write_text(yaml.safe_dump(old, sort_keys=False))
     cfg = load(registry, files=[str(path)])
     assert "skip_reference_policy_logprobs_calculation" not in dump_config(cfg)["grpo"]
     assert caplog.records == []
-    # Once vLLM is selected its block is structured: the removed key is dropped there too.
-    from grpo_sdk.backends.vllm.config import VLLMConfig
+    # A plugin's config class declares its removed keys the same way: dropped there too.
     from grpo_sdk.core.config_loader import Structurer
 
-    assert Structurer(registry).structure({"async_engine": False}, VLLMConfig) == VLLMConfig()
+    assert Structurer(registry).structure({"legacy": False}, PluginOptions) == PluginOptions()
+
+
+@attrs.frozen(kw_only=True)
+class PluginOptions:
+    """A plugin's options with a removed key, as ``vllm.async_engine`` was until issue 15."""
+
+    __removed__ = {"legacy": C.RemovedOption(inert=(False,), why="the loop does it another way")}
+    enforce_eager: bool = C.option(False, "A kept option.")
 
 
 def test_a_removed_key_at_another_inert_value_loads_with_a_warning(registry, caplog):
@@ -478,15 +484,14 @@ def test_a_removed_key_at_another_inert_value_loads_with_a_warning(registry, cap
 
 
 def test_a_removed_key_at_a_value_that_did_something_is_an_error(registry):
-    from grpo_sdk.backends.vllm.config import VLLMConfig
     from grpo_sdk.core.config_loader import Structurer
 
     with pytest.raises(ConfigError) as info:
-        Structurer(registry).structure({"async_engine": True, "enforce_eager": 3}, VLLMConfig)
+        Structurer(registry).structure({"legacy": True, "enforce_eager": 3}, PluginOptions)
     found = dict(info.value.problems)
-    assert found.keys() == {"async_engine", "enforce_eager"}  # reported with the other problems
-    assert found["async_engine"].startswith("this option was removed: the synchronous training loop drives")
-    assert "saved configs that hold false still load" in found["async_engine"]
+    assert found.keys() == {"legacy", "enforce_eager"}  # reported with the other problems
+    assert found["legacy"].startswith("this option was removed: the loop does it another way")
+    assert "saved configs that hold false still load" in found["legacy"]
     assert "this option was removed" in problems(registry, "grpo.skip_reference_policy_logprobs_calculation=1")[
         "grpo.skip_reference_policy_logprobs_calculation"]
 

@@ -7,14 +7,10 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import RemovedOption
 
 
 @attrs.frozen(kw_only=True)
 class VLLMConfig:
-    __removed__ = {"async_engine": RemovedOption(inert=(False,), why="the synchronous training loop drives vLLM's "
-                                                 "synchronous engine; asynchronous rollouts are not implemented")}
-
     tensor_parallel_size: int = option(1, "GPUs one engine shards the model over (tensor parallelism).",
                                        validator=attrs.validators.gt(0))
     pipeline_parallel_size: int = option(1, "Pipeline stages of one engine.", validator=attrs.validators.gt(0))
@@ -33,13 +29,22 @@ class VLLMConfig:
                                      "cache) after each generation round and take it back before the next.")
     enable_prefix_caching: bool = option(True, "Reuse the KV cache of shared prompt prefixes (the G samples of "
                                          "a prompt share all of it).")
+    async_engine: bool = option(False, "Drive vLLM's AsyncLLM (its engine core in a process of its own) instead of "
+                                "the in-process LLM: requests can be submitted without blocking, paused for a "
+                                "weight update and updated while in flight, with each token's weight version "
+                                "recorded (async GRPO, docs/vllm.md). Weights reach it through a safetensors file.")
 
 
 def check_options(config: Any, options: VLLMConfig, registry: Any) -> list[tuple[str, str]]:
-    """Async GRPO overlaps generation with training, which an engine asleep during training cannot do."""
+    """Async GRPO overlaps generation with training, which an engine asleep during training cannot do;
+    the async engine has no sleep mode here."""
     if options.enable_sleep_mode and config.grpo.async_grpo.enabled:
         return [("policy.generation.vllm.enable_sleep_mode",
                  "must be false with grpo.async_grpo.enabled=true: a sleeping engine has released its weights and "
                  "KV cache while the policy trains, so it cannot generate the next steps' rollouts meanwhile; set "
                  "policy.generation.vllm.enable_sleep_mode=false")]
+    if options.enable_sleep_mode and options.async_engine:
+        return [("policy.generation.vllm.enable_sleep_mode",
+                 "must be false with policy.generation.vllm.async_engine=true: sleep mode is implemented for the "
+                 "in-process engine only; set one of them to false")]
     return []
