@@ -33,6 +33,7 @@ from grpo_sdk.trainer.step_rollouts import StepRollouts
 
 ASYNC_DIR = "async"  # inside a checkpoint: buffer.json + buffer.safetensors
 POLL_S = 0.25  # how often a waiting trainer looks at the collector's health
+REPORT_EVERY_S = 60.0  # a long wait says what it waits for this often
 
 
 def rewind_to_cut(state: Any, prompts: Any) -> None:
@@ -92,7 +93,8 @@ class AsyncRollouts:
         self.buffer = buffer or ReplayBuffer(**settings, taken_through=step - 1)
         self.collector = TrajectoryCollector(self.step_rollouts, self.buffer, self.state,
                                              generated_through=generated_through,
-                                             num_threads=self.config.cluster.num_threads)
+                                             num_threads=self.config.cluster.num_threads,
+                                             max_failures=self.config.grpo.async_grpo.max_generation_failures)
         if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
             self.collector.results = {int(t): TargetResult(**r) for t, r in self.state.rollouts["results"].items()}
         self.collector.start()
@@ -113,6 +115,13 @@ class AsyncRollouts:
         last = self.config.grpo.max_num_steps - 1
         self.collector.grant(min(step + self.max_age, last))
 
+    @property
+    def failed(self) -> bool:
+        return self.collector is not None and self.collector.error is not None
+
+    def check(self) -> None:
+        self.collector.check()
+
     def stop(self) -> None:
         if self.collector is not None:
             self.collector.stop()
@@ -127,31 +136,36 @@ class AsyncRollouts:
         trainer waited for them. Waits while groups keep arriving; stops with a report when the
         collector failed or stopped, or when no group completed for ``starvation_timeout_s``."""
         start = time.perf_counter()
-        last_progress, seen = time.monotonic(), self.buffer.groups_put
+        last_progress, seen, reported = time.monotonic(), self.buffer.groups_put, time.monotonic()
         while not self.buffer.wait_for(step, POLL_S):
             self.collector.check()
             if not self.collector.alive:
                 raise CollectorStopped(f"the trajectory collector stopped before step {step + 1}'s groups were "
-                                       f"complete ({self._status(step)})")
+                                       f"complete ({self._status()})")
+            now = time.monotonic()
             if self.buffer.groups_put != seen:
-                last_progress, seen = time.monotonic(), self.buffer.groups_put
-            elif time.monotonic() - last_progress > self.timeout:
+                last_progress, seen = now, self.buffer.groups_put
+            elif now - last_progress > self.timeout:
                 raise GrpoSdkError(f"starved: no prompt group completed for {self.timeout:g} s while step "
-                                   f"{step + 1} waited for its groups ({self._status(step)}); generation is slower "
-                                   "than grpo.async_grpo.starvation_timeout_s allows: raise it, or look for a stuck "
+                                   f"{step + 1} waited for its groups ({self._status()}): generation is slower "
+                                   "than grpo.async_grpo.starvation_timeout_s allows; raise it, or look for a stuck "
                                    "generation or environment call")
+            if now - reported >= REPORT_EVERY_S:
+                reported = now
+                print(f"grpo-sdk: step {step + 1} has waited {time.perf_counter() - start:.0f} s for its prompt "
+                      f"groups ({self._status()})", file=sys.stderr, flush=True)
         waited = time.perf_counter() - start
         taken = self.buffer.take(step)
         result = self.collector.pop_result(step)
         self.state.rollouts["epoch"] = result.epoch
-        metrics = {**result.metrics, **taken.metrics(), "timing/collector/generation": result.seconds}
+        metrics = {**result.metrics, **taken.metrics(), "timing/collector/generation": result.seconds,
+                   "timing/collector/failed_generation": result.failed_seconds}
         return taken.rollouts, metrics, waited
 
-    def _status(self, step: int) -> str:
+    def _status(self) -> str:
         targets = self.buffer.targets()
-        held = ", ".join(f"step {t + 1}: {len(s.ordinals)}/{s.needed}" for t, s in targets.items()) or "empty"
-        return (f"buffer {held}; collector granted through step {self.collector.granted_through + 1}, generated "
-                f"through step {self.collector.generated_through + 1}")
+        held = ", ".join(f"step {t + 1}: {len(s.ordinals)}/{s.needed} groups" for t, s in targets.items())
+        return f"buffer: {held or 'empty'}; collector: {self.collector.describe()}"
 
     def before_weight_sync(self) -> tuple[float, float]:
         """Wait until the collector generated every granted target; returns the seconds waited and

@@ -27,6 +27,7 @@ of the lowest untrained target and regenerates from it, so no prompt is skipped.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -34,7 +35,8 @@ from typing import Any
 import attrs
 import torch
 
-from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.errors import ConfigError, GrpoSdkError
+from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.trainer.replay_buffer import BufferedGroup, ReplayBuffer
 from grpo_sdk.trainer.step_rollouts import RolloutCounters, StepRollouts
 
@@ -57,7 +59,7 @@ class TrajectoryCollector:
     """
 
     def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters, *,
-                 generated_through: int = -1, num_threads: int | None = None):
+                 generated_through: int = -1, num_threads: int | None = None, max_failures: int = 0):
         self.step_rollouts = step_rollouts
         self.buffer = buffer
         self.counters = counters
@@ -65,9 +67,13 @@ class TrajectoryCollector:
         self.generated_through = generated_through  # every target <= this is in the buffer (or was taken)
         self.num_threads = num_threads  # torch's intra-op threads in the collector thread (cluster.num_threads)
         self.generation_seconds = 0.0
+        self.max_failures = max_failures  # grpo.async_grpo.max_generation_failures: consecutive retries
+        self.failures = 0  # consecutive failed attempts (a success resets it)
+        self.failed_seconds = 0.0  # spent in failed attempts: timing/collector/failed_generation
         self.results: dict[int, TargetResult] = {}  # per generated target, until the trainer pops it
         self.frontiers: dict[int, dict[str, Any]] = {}  # per target: the data frontier before it was drawn
         self.error: BaseException | None = None
+        self.busy_since: float | None = None  # time.monotonic() when the target in progress started
         self._busy = False
         self._stopping = False
         self._cond = threading.Condition()
@@ -87,17 +93,20 @@ class TrajectoryCollector:
             self._cond.notify_all()
 
     def drain(self, timeout: float) -> None:
-        """Return once no target is being generated (every granted one is in the buffer)."""
+        """Return once no target is being generated: every granted one is in the buffer, or the
+        collector failed (``check`` raises that; the step that trained meanwhile is kept)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while (self._busy or self.generated_through < self.granted_through) and self.error is None:
+                if not self.alive:
+                    raise CollectorStopped(f"the trajectory collector stopped before the weight update ({self.describe()})")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise GrpoSdkError(f"the collector did not finish generating targets up to "
-                                       f"{self.granted_through} within {timeout:g} s (grpo.async_grpo."
-                                       f"starvation_timeout_s); generated through {self.generated_through}")
+                    raise GrpoSdkError(f"starved: the trajectory collector did not finish within {timeout:g} s "
+                                       f"(grpo.async_grpo.starvation_timeout_s) before the weight update "
+                                       f"({self.describe()}); raise the deadline, or look for a stuck generation "
+                                       "or environment call")
                 self._cond.wait(min(left, 0.25))
-        self.check()
 
     def check(self) -> None:
         """Raise the collector's error, if it had one, in the caller's thread."""
@@ -114,6 +123,21 @@ class TrajectoryCollector:
 
     def shutdown(self) -> None:  # SupportsShutdown: the trainer stops what it opened
         self.stop()
+
+    def describe(self) -> str:
+        """What the collector is doing, for a starving trainer's report."""
+        with self._cond:
+            if self.error is not None:
+                return f"failed: {type(self.error).__name__}: {self.error}"
+            if self._busy and self.busy_since is not None:
+                doing = (f"generating step {self.generated_through + 2} for {time.monotonic() - self.busy_since:.0f} s"
+                         + (f" after {self.failures} failed attempt(s)" if self.failures else ""))
+            elif self.generated_through >= self.granted_through:
+                doing = "idle: every granted step is generated"
+            else:
+                doing = "starting"
+            return (f"{doing}; granted through step {self.granted_through + 1}, generated through step "
+                    f"{self.generated_through + 1}")
 
     @property
     def alive(self) -> bool:
@@ -144,7 +168,47 @@ class TrajectoryCollector:
             if self._stopping:
                 return None
             self._busy = True
+            self.busy_since = time.monotonic()
             return self.generated_through + 1
+
+    def _generate(self, target: int) -> tuple[Any, dict[str, float], float, float]:
+        """One target's rollouts, retried from its frontier (same prompts, same group ids) up to
+        ``max_failures`` consecutive failures; a lost worker or a config error is not retried."""
+        wasted = 0.0
+        while True:
+            start = time.perf_counter()
+            try:
+                rollouts, metrics = self.step_rollouts.collect(target + 1, self.counters)  # 1-based in messages
+            except (WorkerError, ConfigError):
+                raise
+            except Exception as exc:
+                wasted += time.perf_counter() - start
+                with self._cond:
+                    self.failed_seconds += time.perf_counter() - start
+                    self.failures += 1
+                    frontier, stopping = self.frontiers[target], self._stopping
+                if self.max_failures == 0 or stopping:
+                    raise  # as the synchronous loop: the error itself
+                grpo = self.step_rollouts.config.grpo  # the failing batch's groups are not counted yet
+                draw = int(grpo.num_prompts_per_step * (grpo.batch_multiplier if grpo.use_dynamic_sampling else 1))
+                groups = f"{frontier['next_group_id']}..{self.counters.next_group_id + draw - 1}"
+                if self.failures > self.max_failures:
+                    raise GrpoSdkError(
+                        f"generating step {target + 1}'s rollouts (prompt groups {groups}) failed {self.failures} "
+                        f"times in a row (grpo.async_grpo.max_generation_failures={self.max_failures}): "
+                        f"{type(exc).__name__}: {exc}") from exc
+                print(f"grpo-sdk: generating step {target + 1}'s rollouts (prompt groups {groups}) failed "
+                      f"({type(exc).__name__}: {exc}); retrying, failure {self.failures} of "
+                      f"{self.max_failures} allowed in a row", file=sys.stderr, flush=True)
+                self._restore_frontier(frontier)
+                continue
+            self.failures = 0
+            return rollouts, metrics, time.perf_counter() - start, wasted
+
+    def _restore_frontier(self, frontier: dict[str, Any]) -> None:
+        self.step_rollouts.prompts.load_state_dict(frontier["data"])
+        self.counters.next_group_id = frontier["next_group_id"]
+        self.counters.reward_failures = [list(x) for x in frontier["reward_failures"]]
 
     def _run(self) -> None:
         try:
@@ -155,9 +219,7 @@ class TrajectoryCollector:
                     self.frontiers[target] = self._frontier_now()
                     for old in [t for t in self.frontiers if t < target - self.buffer.max_age - 1]:
                         del self.frontiers[old]
-                start = time.perf_counter()
-                rollouts, metrics = self.step_rollouts.collect(target + 1, self.counters)  # 1-based in messages
-                seconds = time.perf_counter() - start
+                rollouts, metrics, seconds, wasted = self._generate(target)
                 epoch = self.step_rollouts.prompts.epoch
                 # The version the backend reports for this generation (weight sync tags it).
                 for group in split_groups(rollouts, target, rollouts.weight_version, epoch=epoch,
@@ -165,7 +227,8 @@ class TrajectoryCollector:
                     self.buffer.put(group)
                 with self._cond:
                     self.generation_seconds += seconds
-                    self.results[target] = TargetResult(metrics=metrics, seconds=seconds, epoch=epoch)
+                    self.results[target] = TargetResult(metrics=metrics, seconds=seconds, epoch=epoch,
+                                                        failed_seconds=wasted)
                     self.generated_through = target
                     self._busy = False
                     self._cond.notify_all()
@@ -186,6 +249,7 @@ class TargetResult:
     metrics: dict[str, float]
     seconds: float
     epoch: int
+    failed_seconds: float = 0.0  # spent in failed attempts before the one that succeeded
 
 
 def split_groups(rollouts: Any, target: int, version: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:

@@ -325,8 +325,12 @@ class GRPOTrainer:
             slowest_step = max(slowest_step, time.perf_counter() - tick)
             early = validated and reached(grpo, self.state.validation)
             late = deadline is not None and time.perf_counter() - start + 2 * slowest_step > deadline
-            if step % ckpt.save_period == 0 or early or late or STOP.requested:
+            # A failed collector ends the run, but the step it overlapped trained: keep it.
+            failed = self.async_rollouts is not None and self.async_rollouts.failed
+            if step % ckpt.save_period == 0 or early or late or STOP.requested or failed:
                 self._save(metrics)
+            if failed:
+                self.async_rollouts.check()
             # Asked after the save too: a signal that lands while it writes stops the run at this step.
             if STOP.requested or early or late:
                 return RunStatus.INTERRUPTED if STOP.requested else RunStatus.EARLY_STOP if early \
