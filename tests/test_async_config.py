@@ -148,7 +148,21 @@ def test_each_rule_names_the_key_and_the_fix(registry, overrides, key, fragments
     assert set(found) == {key} | ({"grpo.async_grpo.schedule"} if NEWEST in overrides else set()), found
 
 
+def _without_in_flight(registry):
+    """``registry`` with no generation backend declaring in_flight_weight_updates (hf declares it)."""
+    from grpo_sdk.plugins.registry import Registry
+
+    def strip(info):
+        if info.kind != "generation" or info.spec is None:
+            return info
+        return attrs.evolve(info, spec=attrs.evolve(
+            info.spec, capabilities=info.spec.capabilities - {Capability.IN_FLIGHT_WEIGHT_UPDATES}))
+
+    return Registry([strip(info) for info in registry.list()], registry.host)
+
+
 def test_in_flight_needs_the_backend_capability_and_names_the_backend(registry):
+    registry = _without_in_flight(registry)
     found = config_problems(registry, *ON, "grpo.async_grpo.in_flight_weight_updates=true",
                             "grpo.async_grpo.schedule=newest")
     message = found["grpo.async_grpo.in_flight_weight_updates"]
@@ -159,7 +173,7 @@ def test_in_flight_needs_the_backend_capability_and_names_the_backend(registry):
 
 
 def test_every_problem_is_reported_at_once(registry):
-    found = config_problems(registry, "grpo.async_grpo.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true",
+    found = config_problems(_without_in_flight(registry), "grpo.async_grpo.enabled=true", "grpo.async_grpo.in_flight_weight_updates=true",
                             "cluster.runtime=ray", "grpo.advantage_clip_low=2", "grpo.advantage_clip_high=1")
     assert set(found) == {"loss_fn.use_importance_sampling_correction",
                           "grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.schedule",
@@ -176,7 +190,7 @@ def _with_generation_backend(registry, name: str, capabilities: set[str]):
 
 
 def test_a_backend_declaring_the_capability_passes_and_is_named_for_the_others(registry):
-    extended = _with_generation_backend(registry, "streaming", {"in_flight_weight_updates"})
+    extended = _with_generation_backend(_without_in_flight(registry), "streaming", {"in_flight_weight_updates"})
     flags = (*ON, "grpo.async_grpo.in_flight_weight_updates=true", "grpo.async_grpo.schedule=newest")
     assert set(config_problems(extended, *flags, "policy.generation.backend=streaming")) == {"grpo.async_grpo.schedule"}
     message = config_problems(extended, *flags)["grpo.async_grpo.in_flight_weight_updates"]
@@ -255,7 +269,7 @@ def test_an_enabled_section_survives_the_dump(registry):
 # --- the capability ---------------------------------------------------------------------------------
 
 
-def test_the_capability_is_for_generation_and_no_built_in_declares_it(registry):
+def test_the_capability_is_for_generation_and_hf_declares_it(registry):
     declared = ComponentSpec(name="acme", kind="generation", impl="acme:G",
                              capabilities={"in_flight_weight_updates"}).capabilities
     assert declared == {Capability.IN_FLIGHT_WEIGHT_UPDATES}
@@ -263,7 +277,7 @@ def test_the_capability_is_for_generation_and_no_built_in_declares_it(registry):
         ComponentSpec(name="acme", kind="estimator", impl="acme:E", capabilities={"in_flight_weight_updates"})
     builtins = [i for i in registry.list("generation") if i.dist == "grpo-sdk"]
     assert {i.name for i in builtins} >= {"hf", "vllm"}
-    assert not [i.name for i in builtins if Capability.IN_FLIGHT_WEIGHT_UPDATES in i.spec.capabilities]
+    assert "hf" in [i.name for i in builtins if Capability.IN_FLIGHT_WEIGHT_UPDATES in i.spec.capabilities]
 
 
 # --- docs ---------------------------------------------------------------------------------------------

@@ -57,7 +57,11 @@ def pad_right(tensor: Any, width: int, value: float) -> Any:
 
 
 def merge_generation_outputs(outputs: Sequence[Any], pad_token_id: int) -> Any:
-    """One GenerationOutput from the replicas' outputs, in row order; responses re-padded to one width."""
+    """One GenerationOutput from the replicas' outputs, in row order; responses re-padded to one width.
+
+    ``weight_version`` is the oldest; ``token_weight_versions`` stays None when no replica reported
+    any (each sampled with one version), else a replica without them is filled with its
+    ``weight_version`` and padding with the replica's oldest version, as a backend pads its own."""
     import torch
 
     from grpo_sdk.core.records import GenerationOutput
@@ -65,12 +69,20 @@ def merge_generation_outputs(outputs: Sequence[Any], pad_token_id: int) -> Any:
     if len(outputs) == 1:
         return outputs[0]
     width = max(int(o.response_ids.shape[1]) for o in outputs)
+    versions = None
+    if any(o.token_weight_versions is not None for o in outputs):
+        versions = torch.cat([
+            pad_right(o.token_weight_versions if o.token_weight_versions is not None
+                      else torch.full(tuple(o.response_ids.shape), o.weight_version, dtype=torch.long),
+                      width, o.weight_version)
+            for o in outputs])
     return GenerationOutput(
         response_ids=torch.cat([pad_right(o.response_ids, width, pad_token_id) for o in outputs]),
         response_lengths=torch.cat([o.response_lengths for o in outputs]),
         logprobs=torch.cat([pad_right(o.logprobs, width, 0.0) for o in outputs]),
         truncated=torch.cat([o.truncated for o in outputs]),
         weight_version=min(o.weight_version for o in outputs),
+        token_weight_versions=versions,
     )
 
 
@@ -281,7 +293,7 @@ class GenerationGroup(WorkerGroup):
     """The Generation protocol over M replicas, each sampling a contiguous share of every batch.
 
     Replica i samples with seed ``grpo.seed + i``, so one replica samples exactly as in-process.
-    With colocated generation, ``colocated_policy`` is offloaded before each round of generation
+    ``PausesForRefit`` is forwarded to every replica when every replica has it. With colocated generation, ``colocated_policy`` is offloaded before each round of generation
     and onloaded after it (the coordination NeMo-RL does around refit and generation).
     """
 
@@ -349,7 +361,15 @@ class GenerationGroup(WorkerGroup):
         return self.run(attribute_op, "weight_version", name="weight_version")
 
     def _optional_methods(self) -> dict[str, Callable[..., Any]]:
-        return {"save_checkpoint": self._save_checkpoint, "load_checkpoint": self._load_checkpoint}
+        return {"save_checkpoint": self._save_checkpoint, "load_checkpoint": self._load_checkpoint,
+                "pause_generation": self._pause_generation, "resume_generation": self._resume_generation}
+
+    def _pause_generation(self, *, keep_in_flight: bool) -> None:
+        """Every replica pauses (``PausesForRefit``); returns once all have."""
+        self._call_all("pause_generation", keep_in_flight=keep_in_flight)
+
+    def _resume_generation(self, *, recompute_kv_cache: bool) -> None:
+        self._call_all("resume_generation", recompute_kv_cache=recompute_kv_cache)
 
     def _save_checkpoint(self, path: str) -> None:
         """Replica 0's state in ``path`` (the in-process layout, so either runtime resumes it), replica

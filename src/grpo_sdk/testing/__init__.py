@@ -337,6 +337,23 @@ def signature_problem(required: inspect.Signature, actual: inspect.Signature) ->
     return None
 
 
+CAPABILITY_PROTOCOLS: dict[str, type] = {
+    "generates_prompts": protocols.PromptSampler,
+    "in_flight_weight_updates": protocols.PausesForRefit,
+}
+"""A declared capability -> the optional protocol whose methods it promises (``check_protocol``)."""
+
+
+def _methods_of(protocol: type) -> dict[str, inspect.Signature]:
+    """A protocol's methods and their signatures as callers of an instance see them (without self)."""
+    out = {}
+    for attr, fn in vars(protocol).items():
+        if inspect.isfunction(fn) and not attr.startswith("_"):
+            signature = inspect.signature(fn)
+            out[attr] = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return out
+
+
 def check_protocol(kind: str, name: str, *, registry: Registry | None = None) -> type:
     """The implementation class, checked against its kind's protocol without constructing it.
 
@@ -344,8 +361,10 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
     model and a run) and only checks that the names exist. This checks the class instead: it is
     constructed as ``Impl(config, context)``, has every method of the protocol, each callable
     the way the training loop calls it (``inspect`` signatures; positional names may differ), and
-    not ``async``. An environment that declares the ``generates_prompts`` capability must have
-    ``sample_prompts(num_prompts, rng)``. Every problem is reported at once.
+    not ``async``. A declared capability adds the methods it promises (``CAPABILITY_PROTOCOLS``): an
+    environment declaring ``generates_prompts`` must have ``sample_prompts(num_prompts, rng)``, a
+    generation backend declaring ``in_flight_weight_updates`` ``pause_generation(*, keep_in_flight)``
+    and ``resume_generation(*, recompute_kv_cache)``. Every problem is reported at once.
     """
     label = _label(kind, name)
     registry = registry or Registry.discover()
@@ -358,13 +377,13 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
         raise ContractError(f"{spec.impl} is a {type(impl).__name__}, not a class: the spec's impl must name the class "
                     "the loop constructs as Impl(config, context)")
     protocol = PROTOCOLS[kind]
-    required = {attr: inspect.signature(fn) for attr, fn in vars(protocol).items()
-                if inspect.isfunction(fn) and not attr.startswith("_")}
-    required = {attr: sig.replace(parameters=list(sig.parameters.values())[1:]) for attr, sig in required.items()}
-    if kind == "environment" and "generates_prompts" in spec.capabilities:
-        P = inspect.Parameter
-        required["sample_prompts"] = inspect.Signature([P("num_prompts", P.POSITIONAL_OR_KEYWORD),
-                                                        P("rng", P.POSITIONAL_OR_KEYWORD)])
+    required = _methods_of(protocol)
+    where = dict.fromkeys(required, f"the {protocol.__name__} protocol")
+    for capability, promised in CAPABILITY_PROTOCOLS.items():
+        if capability in spec.capabilities:
+            methods = _methods_of(promised)
+            required.update(methods)
+            where.update(dict.fromkeys(methods, f"the {capability} capability: the {promised.__name__} protocol"))
     problems = []
     try:
         init = inspect.signature(impl)
@@ -378,15 +397,14 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
             problems.append(f"{impl.__name__}{_bare(init)} cannot be constructed as {impl.__name__}(config, context): "
                             f"{why}")
     for attr, signature in required.items():
-        where = "the generates_prompts capability" if attr == "sample_prompts" else f"the {protocol.__name__} protocol"
         if not callable(getattr(impl, attr, None)):
-            problems.append(f"{impl.__name__} has no method {attr}{_bare(signature)} ({where})")
+            problems.append(f"{impl.__name__} has no method {attr}{_bare(signature)} ({where[attr]})")
             continue
         actual = _method_signature(impl, attr)
         why = signature_problem(signature, actual)
         if why:
-            problems.append(f"{impl.__name__}.{attr}{_bare(actual)} does not fit {attr}{_bare(signature)} of {where}: "
-                            f"{why}")
+            problems.append(f"{impl.__name__}.{attr}{_bare(actual)} does not fit {attr}{_bare(signature)} of "
+                            f"{where[attr]}: {why}")
         elif inspect.iscoroutinefunction(getattr(impl, attr)):
             problems.append(f"{impl.__name__}.{attr} is async; the training loop calls it synchronously")
     if problems:

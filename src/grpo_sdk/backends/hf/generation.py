@@ -4,6 +4,13 @@ A hand-written loop rather than ``model.generate``: it returns the logprob of ev
 token under exactly the distribution it sampled from, stops each row at its first stop token,
 and carries none of ``generate``'s per-token machinery (logits processors, stopping criteria),
 which dominates the cost on small models.
+
+In-flight weight updates (async GRPO, docs/async.md): ``update_weights`` from another thread lands
+between two decode steps, never inside a forward pass (``StepGate``). The tokens sampled after it
+carry the new version in ``token_weight_versions``; before the next token the request either
+re-prefills prompt + tokens so far under the new weights (``resume_generation(recompute_kv_cache=
+True)``, AReaL style) or continues on the KV cache the old weights wrote (Magistral style). Either
+way a token's logprob is that of the distribution it was sampled from, never re-scored.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo_sdk.backends.hf.config import HFGenerationConfig
 from grpo_sdk.backends.hf.loading import load_model, position_ids_for
+from grpo_sdk.backends.hf.step_gate import StepGate
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import process_logits
 from grpo_sdk.plugins.toolkit import load_tokenizer
@@ -34,7 +42,10 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
 
 
 class HFGeneration:
-    """Samples with a private copy of the model; ``update_weights`` copies new weights in place."""
+    """Samples with a private copy of the model; ``update_weights`` copies new weights in place.
+
+    Implements ``PausesForRefit`` and declares ``in_flight_weight_updates``.
+    """
 
     def __init__(self, config: HFGenerationConfig | None, context: RunContext):
         self.config = config = config or HFGenerationConfig()
@@ -55,6 +66,7 @@ class HFGeneration:
         self.cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.prefill_args = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.compiled_forward = torch.compile(self.model.forward, dynamic=False) if config.compile else None
+        self._gate = StepGate(timeout_s=context.config.cluster.call_timeout_s)
 
     @torch.inference_mode()
     def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
@@ -71,25 +83,63 @@ class HFGeneration:
         if sampling.seed is not None:  # e.g. validation: reproducible, and training's RNG stream is unaffected
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         start = self._start_compiled if self.compiled_forward is not None else self._start_eager
-        last_logits, decode = start(input_ids, attention_mask, new_tokens)
-        for t in range(new_tokens):
-            logits = process_logits(last_logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
-            step_logprobs = torch.log_softmax(logits, dim=-1)
-            token = sample_categorical(step_logprobs.exp(), generator)
-            token_logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
-            alive = ~finished
-            tokens[:, t] = torch.where(alive, token, self.pad_token_id)
-            logprobs[:, t] = torch.where(alive, token_logprob, 0.0)
-            lengths += alive.long()
-            finished |= torch.isin(token, stop_ids)
-            if t + 1 == new_tokens or bool(finished.all()):
-                break
-            last_logits = decode(tokens[:, t:t + 1], t)
+        versions = []  # versions[t]: the weights whose forward pass gave the logits token t was sampled from
+        with self._gate.generation():
+            with self._gate.forward():
+                version = first_version = self.weight_version
+                last_logits, decode = start(input_ids, attention_mask, new_tokens)
+            for t in range(new_tokens):
+                versions.append(version)
+                logits = process_logits(last_logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
+                step_logprobs = torch.log_softmax(logits, dim=-1)
+                token = sample_categorical(step_logprobs.exp(), generator)
+                token_logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+                alive = ~finished
+                tokens[:, t] = torch.where(alive, token, self.pad_token_id)
+                logprobs[:, t] = torch.where(alive, token_logprob, 0.0)
+                lengths += alive.long()
+                finished |= torch.isin(token, stop_ids)
+                if t + 1 == new_tokens or bool(finished.all()):
+                    break
+                self._between_decode_steps(t + 1)
+                with self._gate.forward(stale=lambda v=version: self.weight_version != v):
+                    if self.weight_version != version and self._gate.recompute_kv_cache:
+                        version = self.weight_version
+                        last_logits, decode = self._recompute(input_ids, attention_mask, tokens, t + 1, new_tokens)
+                    else:
+                        version = self.weight_version  # keep: the new weights read the old weights' cache
+                        last_logits = decode(tokens[:, t:t + 1], t)
         width = int(lengths.max()) if rows else 0
         return GenerationOutput(
             response_ids=tokens[:, :width].cpu(), response_lengths=lengths.cpu(), logprobs=logprobs[:, :width].cpu(),
-            truncated=(~finished).cpu(), weight_version=self.weight_version,
+            truncated=(~finished).cpu(), weight_version=first_version,
+            token_weight_versions=self._token_versions(versions, lengths, width),
         )
+
+    def _between_decode_steps(self, next_token: int) -> None:
+        """Called after token ``next_token - 1`` was sampled, before the forward pass that gives the
+        logits of token ``next_token``: where an in-flight update lands. A seam for tests (a subclass
+        overrides it to place a weight update at an exact step); does nothing here."""
+
+    def _recompute(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokens: torch.Tensor, k: int,
+                   new_tokens: int):
+        """Re-prefill prompt + the ``k`` tokens so far under the current weights (AReaL style): the last
+        logits (of token ``k``) and a decode step that continues on the fresh cache. Always eager: a
+        compiled re-prefill would compile a new graph for every swap point."""
+        rows = input_ids.shape[0]
+        ids = torch.cat([input_ids, tokens[:, :k]], dim=1)
+        mask = torch.cat([attention_mask, attention_mask.new_ones((rows, k))], dim=1)
+        last_logits, decode = self._start_eager(ids, mask, new_tokens - k)
+        return last_logits, lambda token, t: decode(token, t - k)
+
+    @staticmethod
+    def _token_versions(versions: list[int], lengths: torch.Tensor, width: int) -> torch.Tensor | None:
+        """``[B, width]`` versions of each token (padding: the oldest), or None when one version sampled all."""
+        if len(set(versions)) <= 1:
+            return None
+        columns = torch.tensor(versions[:width], dtype=torch.long)
+        valid = torch.arange(width)[None, :] < lengths.cpu()[:, None]
+        return torch.where(valid, columns[None, :], versions[0])
 
     def _start_eager(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int):
         """Prefill with a growing (dynamic) KV cache; returns the last logits and a decode step."""
@@ -142,12 +192,28 @@ class HFGeneration:
 
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
-        for name, tensor in weights:
-            target = self._weights.get(name)
-            if target is None:
-                raise KeyError(f"hf generation has no weight named {name!r}")
-            target.copy_(tensor)
-        self.weight_version = version
+        """Copy in place; during a ``generate`` in another thread this waits for the running forward
+        pass (at most one decode step) and the generation continues under the new weights."""
+        with self._gate.update():
+            for name, tensor in weights:
+                target = self._weights.get(name)
+                if target is None:
+                    raise KeyError(f"hf generation has no weight named {name!r}")
+                target.copy_(tensor)
+            self.weight_version = version
+
+    def pause_generation(self, *, keep_in_flight: bool) -> None:
+        """New ``generate`` calls wait until ``resume_generation``; ``keep_in_flight=False`` also waits
+        for the running call to return. ``True`` returns at once: a running call keeps decoding and,
+        if an update lands before the resume, waits at its next step for the resume to say whether
+        to recompute its cache."""
+        self._gate.pause(keep_in_flight=keep_in_flight)
+
+    def resume_generation(self, *, recompute_kv_cache: bool) -> None:
+        """Let new calls in; requests in flight across an update re-prefill under the new weights
+        (``recompute_kv_cache=True``) or keep their cache. The choice holds for updates made without
+        a pause too (default: keep)."""
+        self._gate.resume(recompute_kv_cache=recompute_kv_cache)
 
     def save_checkpoint(self, path: str) -> None:
         """The sampling RNG: with it, a resumed run samples exactly what the original would have."""

@@ -8,7 +8,7 @@ GENERATION = ComponentSpec(
     impl="grpo_sdk.backends.hf.generation:HFGeneration",
     config="grpo_sdk.backends.hf.config:HFGenerationConfig",
     requires=("torch", "transformers"),
-    capabilities={"cuda_ipc"},
+    capabilities={"cuda_ipc", "in_flight_weight_updates"},
     summary="Batched KV-cache sampling with transformers models (CPU or one GPU).",
 )
 
