@@ -111,8 +111,8 @@ class GenerationOutput:
     logprobs: Tensor  # [B, R] float: logprob of each sampled token under the sampling distribution; 0 on padding
     truncated: Tensor  # [B] bool: reached max_new_tokens without a stop token
     weight_version: int = 0  # the policy version whose weights sampled the oldest token of these samples
-    token_weight_versions: Tensor | None = None  # [B, R] long: the version that sampled each token (padding: any);
-    # None: every token has weight_version
+    # [B, R] long: the version that sampled each token, the oldest on padding; None: every token has weight_version
+    token_weight_versions: Tensor | None = None
 
 
 @attrs.frozen(kw_only=True)
