@@ -2,7 +2,9 @@
 
 The metrics are synthetic (50 steps, validation every 10, NaN and infinity written as strings as
 the jsonl logger does, a line cut off by a crash) so every plot has something to draw; the real
-trainer's output is covered by the end-to-end test in test_loggers.py.
+trainer's output is covered by the end-to-end test in test_loggers.py. Async runs (async.png, the
+"Async pipeline" section) are checked on synthetic rows with exactly the keys a real async run
+logs, and once on a real short `grpoctl run` with the deterministic schedule.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import math
 import subprocess
 import sys
 
+import pytest
 
+from conftest import run_grpoctl
 from grpo_sdk.cli.app import main
-from grpo_sdk.cli.report import load_metrics, rolling_mean
+from grpo_sdk.cli.report import load_metrics, rolling_mean, timing_stack
+from grpo_sdk.cli.report_async import async_data, async_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 IMAGES = ("reward.png", "kl.png", "response_length.png", "timing.png", "validation.png")
@@ -146,3 +151,148 @@ def test_cli_import_does_not_load_matplotlib():
 def test_report_help(capsys):
     assert grpoctl("report", "--help") == 0
     assert "--out" in capsys.readouterr().out
+
+
+# --- async runs ---------------------------------------------------------------------------------
+
+ASYNC_TRAINER_PHASES = ["timing/exposed_generation", "timing/logprobs", "timing/train", "timing/refit_bubble",
+                        "timing/weight_sync"]
+
+
+def async_row(step, max_age, groups=8):
+    """One step as a deterministic-schedule async run logs it (keys as in a real metrics.jsonl):
+    step t trains groups of age min(t - 1, A); the buffer drains over the last A steps (20 steps)."""
+    age = min(step - 1, max_age)
+    generation = 0.03 + 0.001 * step
+    exposed = 0.07 if step == 1 else 0.002  # the first step waits for all of its generation
+    row = {"step": step, "reward/mean": 0.02 * step, "train/buffer_size": float(groups * min(max_age, 20 - step)),
+           "train/avg_trajectory_age": float(age),
+           **{f"train/trajectory_age/{k}": float(k == age) for k in range(max_age + 1)},
+           "timing/collector/generation": generation,
+           "timing/collector/failed_generation": 0.01 if step == 5 else 0.0,
+           "timing/exposed_generation": exposed, "timing/logprobs": 1e-5, "timing/train": 0.035,
+           "timing/refit_bubble": 0.003 if step == 9 else 0.0, "timing/weight_sync": 0.0005}
+    row["timing/step"] = sum(row[k] for k in ASYNC_TRAINER_PHASES) + 0.004
+    return row
+
+
+def async_run(run_dir, steps=20, max_age=2):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = [async_row(step, max_age) for step in range(1, steps + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir, rows
+
+
+def test_async_run_gets_async_png_and_its_section(tmp_path, capsys):
+    run_dir, rows = async_run(tmp_path / "run")
+    assert grpoctl("report", run_dir) == 0
+    out = run_dir / "report"
+    names = ("reward.png", "timing.png", "async.png")
+    for name in names:
+        assert_png(out / name)
+    printed = capsys.readouterr()
+    assert printed.out.split() == [str(out / n) for n in names] + [str(out / "report.md")]
+    md = (out / "report.md").read_text()
+    assert "](async.png)" in md
+    section = md[md.index("## Async pipeline"):md.index("## Plots")]
+    assert "| max trajectory age (A) | 2 |" in section
+    # 18 steps hold 16 groups, then 8 and 0
+    assert f"| buffer size (mean, groups) | {(18 * 16 + 8) / 20:.4g} |" in section
+    assert f"| trajectory age (mean, steps) | {(0 + 1 + 2 * 18) / 20:.4g} |" in section
+    assert "| groups of age 0 (mean fraction) | 0.05 |" in section
+    assert "| groups of age 2 (mean fraction) | 0.9 |" in section
+    exposed = sum(r["timing/exposed_generation"] for r in rows) / 20
+    generation = sum(r["timing/collector/generation"] for r in rows) / 20
+    assert f"| exposed generation (mean, trainer waited) | {exposed:.4g} s |" in section
+    assert f"| collector generation (mean) | {generation:.4g} s |" in section
+    assert f"| collector failed_generation (mean) | {0.01 / 20:.4g} s |" in section
+    assert f"| generation hidden behind training | {100 * (1 - exposed / generation):.1f} % |" in section
+
+
+def test_timing_stacks_the_trainer_phases_and_not_the_collector(tmp_path):
+    """The collector runs concurrently with training: its seconds are not part of timing/step."""
+    _, rows = async_run(tmp_path / "run")
+    records, _ = load_metrics(tmp_path / "run" / "metrics.jsonl")
+    keys, heights = timing_stack(records)
+    assert keys == ASYNC_TRAINER_PHASES
+    for i, row in enumerate(rows):
+        stacked = sum(h[i] for h in heights)
+        assert stacked == pytest.approx(row["timing/step"] - 0.004)
+        assert stacked + row["timing/collector/generation"] > row["timing/step"]  # what stacking it would claim
+    sync_keys, _ = timing_stack(load_metrics(synthetic_run(tmp_path / "sync") / "metrics.jsonl")[0])
+    assert sync_keys == ["timing/rollout", "timing/logprobs", "timing/train", "timing/weight_sync"]
+
+
+def test_async_plot_data_follows_the_rows(tmp_path):
+    run_dir, rows = async_run(tmp_path / "run", steps=12, max_age=11)  # ages up to 11: sorted as numbers
+    records, _ = load_metrics(run_dir / "metrics.jsonl")
+    data = async_data(records)
+    assert data.steps == list(range(1, 13))
+    assert list(data.age_fractions) == list(range(12))
+    for k, fractions in data.age_fractions.items():
+        assert fractions == [r[f"train/trajectory_age/{k}"] for r in rows]
+    assert [sum(f[i] for f in data.age_fractions.values()) for i in range(12)] == [1.0] * 12
+    assert data.buffer_size == [r["train/buffer_size"] for r in rows]
+    assert data.avg_age == [r["train/avg_trajectory_age"] for r in rows] and data.token_age is None
+    assert list(data.collector) == ["timing/collector/generation", "timing/collector/failed_generation"]
+    assert data.exposed == [r["timing/exposed_generation"] for r in rows]
+    # step 1 waited longer than the collector generated (scoring, hand-over): nothing hidden, not negative
+    assert data.hidden[0] == 0.0
+    assert data.hidden[1:] == pytest.approx([r["timing/collector/generation"] - 0.002 for r in rows[1:]])
+    summary = async_summary(data)
+    assert summary["max_trajectory_age"] == 11 and 0 < summary["hidden_fraction"] < 1
+
+
+def test_async_summary_edges(tmp_path):
+    run_dir, rows = async_run(tmp_path / "run", steps=3)
+    lines = [json.dumps({**r, "timing/collector/generation": "nan"} if r["step"] == 2 else r) for r in rows]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    data = async_data(load_metrics(run_dir / "metrics.jsonl")[0])
+    assert math.isnan(data.collector["timing/collector/generation"][1]) and math.isnan(data.hidden[1])
+    # steps 1 and 3 only: 1 - (0.07 + 0.002) / (0.031 + 0.033) is negative, so clipped at 0
+    assert async_summary(data)["hidden_fraction"] == 0.0
+    # an A=0 async run logs the buffer metrics with timing/rollout: a plot, and no hidden share to claim
+    a0 = [{"step": s, "train/buffer_size": 0.0, "train/avg_trajectory_age": 0.0, "train/trajectory_age/0": 1.0,
+           "timing/rollout": 0.05, "timing/step": 0.1} for s in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in a0))
+    summary = async_summary(async_data(load_metrics(run_dir / "metrics.jsonl")[0]))
+    assert summary["hidden_fraction"] is None and summary["exposed_generation_mean"] is None
+    assert grpoctl("report", run_dir) == 0
+    assert_png(run_dir / "report" / "async.png")
+    assert "| generation hidden behind training | n/a |" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_sync_run_has_no_async_png_and_a_stale_one_goes(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run", steps=5)
+    assert async_data(load_metrics(run_dir / "metrics.jsonl")[0]) is None
+    out = run_dir / "report"
+    out.mkdir()
+    (out / "async.png").write_bytes(PNG_MAGIC)  # an earlier report into the same folder
+    assert grpoctl("report", run_dir) == 0
+    assert not (out / "async.png").exists()
+    md = (out / "report.md").read_text()
+    assert "## Async pipeline" not in md and "async.png" not in md
+
+
+def test_report_of_a_real_async_run(tmp_path):
+    """`grpoctl run` with A=2 (deterministic): step t trains groups of age min(t - 1, 2)."""
+    args = ["--run-dir", "run", "grpo.max_num_steps=6", "grpo.num_prompts_per_step=4",
+            "grpo.num_generations_per_prompt=4", "grpo.val_period=0", "checkpointing.enabled=false",
+            "grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
+            "grpo.async_grpo.max_trajectory_age_steps=2"]
+    result = run_grpoctl("run", *args, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    report = run_grpoctl("report", run_dir, cwd=tmp_path, timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert_png(run_dir / "report" / "async.png")
+    records, _ = load_metrics(run_dir / "metrics.jsonl")
+    data = async_data(records)
+    assert list(data.age_fractions) == [0, 1, 2]
+    assert data.avg_age == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert [[data.age_fractions[k][i] for k in range(3)] for i in (0, 1, 5)] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert data.buffer_size[-1] == 0.0  # nothing left once the last step took its groups
+    assert all(g > 0 for g in data.collector["timing/collector/generation"])
+    keys, _ = timing_stack(records)
+    assert "timing/exposed_generation" in keys and not any(k.startswith("timing/collector") for k in keys)
+    assert "## Async pipeline" in (run_dir / "report" / "report.md").read_text()

@@ -10,7 +10,8 @@ It reads ``RUN_DIR/metrics.jsonl`` (written by the ``jsonl`` logger, so that log
 and ``RUN_DIR/summary.json`` when the run got that far, and writes into ``RUN_DIR/report/``:
 ``reward.png``, ``kl.png``, ``response_length.png``, ``timing.png``, ``validation.png`` (each
 skipped, with a note in the summary, when the run logged none of its metrics) and ``report.md``,
-which embeds them with relative links.
+which embeds them with relative links. An async run (docs/async.md) also gets ``async.png`` and an
+"Async pipeline" section (``grpo_sdk.cli.report_async``); a sync run gets neither, and no note.
 
 Needs matplotlib (``pip install 'grpo-sdk[report]'``), imported only here and only when a report
 is written, so the CLI stays light. Errors: no matplotlib is a ``PluginError`` (a missing
@@ -27,10 +28,14 @@ from typing import Any
 
 import attrs
 
+from grpo_sdk.cli import report_async
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError, PluginError
 
-TIMING_KEYS = ("timing/rollout", "timing/logprobs", "timing/train", "timing/weight_sync")
-"""The step phases ``timing.png`` stacks first; other ``timing/*`` keys (but ``timing/step``) follow."""
+TIMING_KEYS = ("timing/rollout", "timing/exposed_generation", "timing/logprobs", "timing/train",
+               "timing/refit_bubble", "timing/weight_sync")
+"""The step phases ``timing.png`` stacks first, in the order a step runs them (a sync run has
+``rollout``, an async one ``exposed_generation`` and ``refit_bubble``); other one-level
+``timing/*`` keys (but ``timing/step``) follow."""
 
 
 class ReportError(GrpoSdkError):
@@ -186,17 +191,26 @@ def _plot_response_length(records, path):
                        "response_length.png skipped: no response_length/* metric")
 
 
-def _plot_timing(records, path):
-    # Other phases (validation, checkpointing) stack too; nested keys (timing/rollout/x) would count twice.
+def timing_stack(records: list[dict[str, float]]) -> tuple[list[str], list[list[float]]]:
+    """The keys ``timing.png`` stacks, in order, and their heights per record.
+
+    Other phases (validation, checkpointing) stack too. Nested keys are left out: a phase's parts
+    (timing/rollout/x) would count twice, and the async collector's timeline (timing/collector/*)
+    runs concurrently with the trainer's phases, not inside the step's time (async.png shows it).
+    Missing or non-finite phases stack as 0 so one bad value does not hide the whole step.
+    """
     others = [k for k in _keys_with_prefix(records, "timing/")
               if k not in TIMING_KEYS and k != "timing/step" and k.count("/") == 1]
     keys = [k for k in (*TIMING_KEYS, *others) if any(k in r for r in records)]
+    return keys, [[r[k] if math.isfinite(r.get(k, math.nan)) else 0.0 for r in records] for k in keys]
+
+
+def _plot_timing(records, path):
+    keys, heights = timing_stack(records)
     if not keys:
         return None, "timing.png skipped: no timing/* metric"
     fig, (ax,) = _figure()
     steps = [r["step"] for r in records]
-    # Missing or non-finite phases stack as 0 so one bad value does not hide the whole step.
-    heights = [[r[k] if math.isfinite(r.get(k, math.nan)) else 0.0 for r in records] for k in keys]
     labels = [k.removeprefix("timing/") for k in keys]
     colors = [f"C{i}" for i in range(len(keys))]
     if len(steps) > 100:  # bars are clearer for a few steps, but thousands of them take seconds to draw
@@ -232,8 +246,18 @@ def _plot_validation(records, path):
     return _save(fig, path), None
 
 
+def _plot_async(records, path):
+    data = report_async.async_data(records)
+    if data is None:  # a sync run: no image and no note, so its report is as before
+        return None, None
+    fig, axes = _figure(rows=4, height=2.2)
+    report_async.draw_async(list(axes), data)
+    fig.suptitle("Async pipeline: replay buffer, trajectory age, collector vs exposed wait")
+    return _save(fig, path), None
+
+
 _PLOTS = {"reward": _plot_reward, "kl": _plot_kl, "response_length": _plot_response_length,
-          "timing": _plot_timing, "validation": _plot_validation}
+          "timing": _plot_timing, "async": _plot_async, "validation": _plot_validation}
 
 
 # --- markdown -------------------------------------------------------------------------------
@@ -272,6 +296,9 @@ def _markdown(run_dir: Path, records, summary: dict | None, images: dict[str, Pa
         lines += [f"## Validation (latest, step {int(last)})", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v[-1])} |" for k, (s, v) in val if s[-1] == last]
         lines.append("")
+    data = report_async.async_data(records)
+    if data is not None:
+        lines += report_async.markdown_section(report_async.async_summary(data))
     if images:
         lines += ["## Plots", ""] + [f"![{name}]({path.name})\n" for name, path in images.items()]
     example = summary.get("example")

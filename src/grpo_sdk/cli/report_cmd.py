@@ -20,7 +20,7 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", help="Where the PNGs and report.md go; default "
                                        "RUN_DIR/report."),
 ) -> None:
-    """Plot reward, KL, response length, timing and validation (PNG) and write report.md.
+    """Plot reward, KL, response length, timing, validation and an async run's pipeline; write report.md.
 
     Works on a finished, running or crashed run. Exit 2 when RUN_DIR has no readable
     metrics.jsonl; exit 3 when matplotlib is missing (pip install 'grpo-sdk[report]').
