@@ -2,8 +2,7 @@
 the config-time rules of `check_async` (each a ConfigError naming the key and the fix, exit 2), the
 `in_flight_weight_updates` capability, the round trip through config.resolved.yaml and the docs.
 
-Until the newest schedule lands every load with `grpo.async_grpo.schedule=newest` fails with the
-"being built" problem; the rules are asserted alongside it, so they hold once that one is deleted.
+Each rule is asserted alone: a config that breaks one rule gets that one problem and no other.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import yaml
 
 from conftest import config_problems, run_grpoctl
 from grpo_sdk.core import config as C
-from grpo_sdk.core.async_checks import not_built_yet
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.config_checks import check_components, check_config, config_warnings
 from grpo_sdk.core.config_loader import dump_config, load_config, structurer_for, to_yaml
@@ -26,8 +24,6 @@ from grpo_sdk.plugins import ComponentSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = ("grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true")
-NOT_BUILT = ("newest is being built (issue 15); this release has the deterministic schedule only (set "
-             "grpo.async_grpo.schedule=deterministic)")
 NEWEST = "grpo.async_grpo.schedule=newest"
 
 
@@ -85,15 +81,10 @@ def test_off_the_section_is_inert_and_its_rules_silent(registry):
 # --- the rules --------------------------------------------------------------------------------------
 
 
-def test_newest_is_refused_until_built_and_deterministic_validates():
-    """`config validate` exits 2 on a config that is otherwise a valid newest one, with that one problem,
-    and 0 on the deterministic one. Delete the first half with `async_checks.not_built_yet`."""
-    result = run_grpoctl("config", "validate", *ON, NEWEST)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert f"grpo.async_grpo.schedule: {NOT_BUILT}" in result.stderr
-    assert "Traceback" not in result.stderr and result.stderr.count("grpo.async_grpo") == 2, result.stderr
-    result = run_grpoctl("config", "validate", *ON)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_both_schedules_validate_through_the_cli():
+    for extra in ([], [NEWEST, "grpo.async_grpo.in_flight_weight_updates=true"]):
+        result = run_grpoctl("config", "validate", *ON, *extra)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_rule_exits_2_through_the_cli_with_the_key_and_the_fix():
@@ -109,15 +100,14 @@ def test_a_rule_exits_2_through_the_cli_with_the_key_and_the_fix():
     [],  # deterministic, A=1
     ["grpo.async_grpo.max_trajectory_age_steps=0"],  # the sync loop, exactly
     [NEWEST, "grpo.async_grpo.max_trajectory_age_steps=3",
-     "grpo.async_grpo.max_generation_failures=5", "grpo.use_dynamic_sampling=true"],
+     "grpo.async_grpo.max_generation_failures=5", "grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=2"],
+    [NEWEST, "grpo.async_grpo.in_flight_weight_updates=true",
+     "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true"],  # hf declares the capability
     ["grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=2"],  # deterministic draws batches as sync does
     ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"],
 ])
 def test_valid_async_configs_load(registry, overrides):
-    if NEWEST in overrides:
-        assert config_problems(registry, *ON, *overrides) == {"grpo.async_grpo.schedule": NOT_BUILT}
-    else:
-        assert check_config(load(registry, *ON, *overrides), registry) == []
+    assert check_config(load(registry, *ON, *overrides), registry) == []
 
 
 @pytest.mark.parametrize("overrides, key, fragments", [
@@ -130,9 +120,10 @@ def test_valid_async_configs_load(registry, overrides):
     (["cluster.runtime=ray"], "policy.generation.colocated.enabled",
      ["must be false with grpo.async_grpo.enabled=true on cluster.runtime=ray", "could never overlap training",
       "set policy.generation.colocated.enabled=false"]),
-    (["grpo.async_grpo.schedule=newest", "grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=1.5"],
-     "grpo.batch_multiplier", ["must be 1 with grpo.async_grpo.schedule=newest", "one at a time",
-                               "set grpo.batch_multiplier=1 or grpo.async_grpo.schedule=deterministic"]),
+    (["cluster.runtime=ray", "policy.generation.colocated.enabled=false", NEWEST,
+      "grpo.async_grpo.in_flight_weight_updates=true"], "grpo.async_grpo.in_flight_weight_updates",
+     ["is not available on cluster.runtime=ray yet", "runs one call at a time",
+      "set grpo.async_grpo.in_flight_weight_updates=false"]),
     (["grpo.async_grpo.max_trajectory_age_steps=1048575", "grpo.num_prompts_per_step=2",
       "grpo.num_generations_per_prompt=2"], "grpo.async_grpo.max_trajectory_age_steps",
      ["(max_trajectory_age_steps + 1) x grpo.num_prompts_per_step x grpo.num_generations_per_prompt = "
@@ -144,8 +135,8 @@ def test_each_rule_names_the_key_and_the_fix(registry, overrides, key, fragments
     assert key in found, found
     for fragment in fragments:
         assert fragment in found[key]
-    # Exactly this rule (and the not-built refusal of newest): no rule fires for another's setting.
-    assert set(found) == {key} | ({"grpo.async_grpo.schedule"} if NEWEST in overrides else set()), found
+    # Exactly this rule: no rule fires for another's setting.
+    assert set(found) == {key}, found
 
 
 def _without_in_flight(registry):
@@ -169,7 +160,7 @@ def test_in_flight_needs_the_backend_capability_and_names_the_backend(registry):
     assert "needs a generation backend that declares the in_flight_weight_updates capability" in message
     assert "'hf' (policy.generation.backend) does not (no installed backend declares it yet)" in message
     assert "set grpo.async_grpo.in_flight_weight_updates=false" in message
-    assert set(found) == {"grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.schedule"}
+    assert set(found) == {"grpo.async_grpo.in_flight_weight_updates"}
 
 
 def test_every_problem_is_reported_at_once(registry):
@@ -192,7 +183,7 @@ def _with_generation_backend(registry, name: str, capabilities: set[str]):
 def test_a_backend_declaring_the_capability_passes_and_is_named_for_the_others(registry):
     extended = _with_generation_backend(_without_in_flight(registry), "streaming", {"in_flight_weight_updates"})
     flags = (*ON, "grpo.async_grpo.in_flight_weight_updates=true", "grpo.async_grpo.schedule=newest")
-    assert set(config_problems(extended, *flags, "policy.generation.backend=streaming")) == {"grpo.async_grpo.schedule"}
+    assert check_config(load(extended, *flags, "policy.generation.backend=streaming"), extended) == []
     message = config_problems(extended, *flags)["grpo.async_grpo.in_flight_weight_updates"]
     assert "'hf' (policy.generation.backend) does not (those that do: streaming)" in message
 
@@ -207,11 +198,9 @@ def test_in_flight_with_the_deterministic_schedule_is_refused_whatever_the_backe
         assert fragment in found["grpo.async_grpo.schedule"]
 
 
-def test_not_built_yet_is_the_one_rule_on_a_valid_config(registry):
-    """What the lead deletes: with it gone, a valid async config has no problem left."""
-    cfg = enabled(load(registry, ON[1]), schedule="newest")
-    assert check_config(cfg, registry) == not_built_yet(cfg) != []
-    assert not_built_yet(load(registry)) == [] == check_config(enabled(load(registry, ON[1])), registry)
+def test_a_valid_async_config_has_no_problem(registry):
+    for schedule in ("deterministic", "newest"):
+        assert check_config(enabled(load(registry, ON[1]), schedule=schedule), registry) == []
 
 
 def test_vllm_sleep_mode_is_refused_by_the_vllm_backend(registry):

@@ -87,7 +87,9 @@ def test_failures_past_the_limit_stop_the_run_naming_the_step_and_its_groups(tmp
     resumed = run_grpoctl("run", "--resume", "run", cwd=cwd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stdout
-    assert "regenerating them from the data frontier of step 3" in resumed.stderr
+    # The checkpoint saved the pipeline as it was (step 3 missing) and where to draw step 3 again.
+    assert "regenerating" not in resumed.stderr
+    assert [json.loads(line)["step"] for line in (cwd / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_the_first_failure_stops_the_run_by_default_with_the_error_itself(tmp_path):

@@ -18,18 +18,6 @@ from grpo_sdk.core.capabilities import Capability
 PREFIX = "grpo.async_grpo"
 
 
-def not_built_yet(cfg: C.MasterConfig) -> list[tuple[str, str]]:
-    """Refuses ``schedule=newest`` while the collector has only the deterministic schedule.
-
-    The one place this is refused: delete this function and its call in ``check_async`` (and
-    ``test_newest_is_refused_until_built``) when the newest schedule lands.
-    """
-    if cfg.grpo.async_grpo.schedule != "newest":
-        return []
-    return [(f"{PREFIX}.schedule", "newest is being built (issue 15); this release has the deterministic schedule "
-             f"only (set {PREFIX}.schedule=deterministic)")]
-
-
 def declaring(registry: Any, capability: Capability, kind: str = "generation") -> list[str]:
     """The installed components of ``kind`` that declare ``capability``, by name."""
     if registry is None:
@@ -44,7 +32,7 @@ def check_async(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, st
     a, grpo = cfg.grpo.async_grpo, cfg.grpo
     if not a.enabled:
         return []
-    problems = not_built_yet(cfg)
+    problems = []
     if not cfg.loss_fn.use_importance_sampling_correction:
         problems.append(("loss_fn.use_importance_sampling_correction",
                          f"must be true with {PREFIX}.enabled=true: a group may train up to "
@@ -80,12 +68,12 @@ def check_async(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, st
                          "offloads the policy around every generation round, so generation could never overlap "
                          "training; set policy.generation.colocated.enabled=false (generation gets its own "
                          "devices, cluster.generation_workers of them)"))
-    if a.schedule == "newest" and grpo.batch_multiplier != 1:
-        problems.append(("grpo.batch_multiplier",
-                         f"must be 1 with {PREFIX}.schedule=newest: that schedule draws prompt groups one at a "
-                         "time (dynamic sampling refills a trivial group's slot with a new prompt), so there is no "
-                         f"generation batch to enlarge; set grpo.batch_multiplier=1 or {PREFIX}.schedule="
-                         "deterministic"))
+    if a.in_flight_weight_updates and cfg.cluster.runtime == "ray":
+        problems.append((f"{PREFIX}.in_flight_weight_updates",
+                         "is not available on cluster.runtime=ray yet: a Ray generation worker runs one call at a "
+                         "time, so a weight update would wait for the generation in flight anyway; set "
+                         f"{PREFIX}.in_flight_weight_updates=false (the update then waits for it by design) or "
+                         "cluster.runtime=local"))
     held = (a.max_trajectory_age_steps + 1) * grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     if held > C.MAX_ROWS:
         problems.append((f"{PREFIX}.max_trajectory_age_steps",

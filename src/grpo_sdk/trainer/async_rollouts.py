@@ -18,8 +18,10 @@ regenerates from target ``s``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +41,14 @@ REPORT_EVERY_S = 60.0  # a long wait says what it waits for this often
 def rewind_to_cut(state: Any, prompts: Any) -> None:
     """Move the data frontier back to the lowest untrained target (a no-op for a synchronous
     checkpoint, which has drawn nothing ahead)."""
-    cut = state.rollouts.get("cut")
-    if cut is None:
-        return
-    prompts.load_state_dict(cut["data"])
-    state.next_group_id = cut["next_group_id"]
-    state.reward_failures = [list(x) for x in cut["reward_failures"]]
+    if state.rollouts.get("cut") is not None:
+        rewind_to(state.rollouts["cut"], state, prompts)
+
+
+def rewind_to(frontier: dict[str, Any], state: Any, prompts: Any) -> None:
+    prompts.load_state_dict(frontier["data"])
+    state.next_group_id = frontier["next_group_id"]
+    state.reward_failures = [list(x) for x in frontier["reward_failures"]]
 
 
 class AsyncRollouts:
@@ -66,8 +70,13 @@ class AsyncRollouts:
         a = config.grpo.async_grpo
         self.max_age = a.max_trajectory_age_steps
         self.timeout = a.starvation_timeout_s
+        self.newest = a.schedule == "newest"
+        self.in_flight = a.in_flight_weight_updates
+        self.recompute = a.recompute_kv_cache_after_weight_updates
+        self.last_target = config.grpo.max_num_steps - 1
         self.buffer: ReplayBuffer | None = None
         self.collector: TrajectoryCollector | None = None
+        self._saved_groups: list[Any] = []  # the snapshot checkpoint_state took, for write
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -78,16 +87,18 @@ class AsyncRollouts:
         settings = {"num_prompts_per_step": grpo.num_prompts_per_step,
                     "num_generations": grpo.num_generations_per_prompt, "max_age": self.max_age,
                     "schedule": grpo.async_grpo.schedule}
-        buffer, generated_through = None, step - 1
+        buffer, generated_through, saved = None, step - 1, self.state.rollouts
         if restore_dir is not None and step > 0:
             if ckpt.load_replay_buffer and (restore_dir / ASYNC_DIR).is_dir():
                 buffer, dropped = ReplayBuffer.read(restore_dir / ASYNC_DIR, step=step, **settings)
                 generated_through = self._complete_through(buffer, step)
-                if dropped or generated_through != min(step - 1 + self.max_age, grpo.max_num_steps - 1):
+                if dropped or generated_through != saved.get("through", step - 1 + self.max_age):
                     buffer, generated_through = None, step - 1  # not the saved pipeline: regenerate from the cut
-                    print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold steps "
-                          f"{step + 1}..{step + self.max_age} complete; regenerating them from the data frontier of "
-                          f"step {step + 1}", file=sys.stderr, flush=True)
+                    print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold what its "
+                          f"checkpoint saved (steps {step + 1}..{saved.get('through', step - 1 + self.max_age) + 1}); "
+                          f"regenerating them from the data frontier of step {step + 1}", file=sys.stderr, flush=True)
+                elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
+                    rewind_to(saved["resume"], self.state, self.step_rollouts.prompts)
             if buffer is None:
                 self._rewind_to_cut()
         self.buffer = buffer or ReplayBuffer(**settings, taken_through=step - 1)
@@ -98,7 +109,7 @@ class AsyncRollouts:
         if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
             self.collector.results = {int(t): TargetResult(**r) for t, r in self.state.rollouts["results"].items()}
         self.collector.start()
-        self.after_step(step)
+        self.collector.grant(min(step + self.max_age, self.last_target))
 
     def _complete_through(self, buffer: ReplayBuffer, step: int) -> int:
         """The last target of the run of complete targets from ``step`` on; later ones are dropped."""
@@ -111,9 +122,21 @@ class AsyncRollouts:
         rewind_to_cut(self.state, self.step_rollouts.prompts)
 
     def after_step(self, step: int) -> None:
-        """Grant targets up to ``step + A`` (never past the last step)."""
-        last = self.config.grpo.max_num_steps - 1
-        self.collector.grant(min(step + self.max_age, last))
+        """``step`` steps are trained, validated and saved. Deterministic: grant targets up to
+        ``step + A`` now (the newest schedule granted them at the weight update)."""
+        if not self.newest:
+            self.collector.grant(min(step + self.max_age, self.last_target))
+
+    @contextlib.contextmanager
+    def paused(self, what: str) -> Iterator[None]:
+        """No generation while the trainer uses the engine itself (validation): new targets wait,
+        the one in progress finishes first (deterministic: the collector is idle here anyway)."""
+        self.collector.pause()
+        try:
+            self.collector.wait_idle(self.timeout, what)
+            yield
+        finally:
+            self.collector.resume()
 
     @property
     def failed(self) -> bool:
@@ -168,21 +191,48 @@ class AsyncRollouts:
         return f"buffer: {held or 'empty'}; collector: {self.collector.describe()}"
 
     def before_weight_sync(self) -> tuple[float, float]:
-        """Wait until the collector generated every granted target; returns the seconds waited and
-        the groups then in the buffer (at this moment the count does not depend on timing)."""
+        """Make way for the weight update; returns the seconds that took (the refit bubble) and the
+        groups then in the buffer. Deterministic: wait until every granted target is generated
+        (then the count does not depend on timing). Newest: no new target starts, and without
+        in-flight updates the one in progress finishes first; with them the backend keeps decoding
+        and the update lands between two decode steps."""
         start = time.perf_counter()
-        self.collector.drain(self.timeout)
+        if not self.newest:
+            self.collector.drain(self.timeout)
+        else:
+            self.collector.pause()
+            if self.in_flight:
+                self.step_rollouts.generation.pause_generation(keep_in_flight=True)
+            else:
+                self.collector.wait_idle(self.timeout, "the weight update")
         return time.perf_counter() - start, float(self.buffer.size)
+
+    def after_weight_sync(self, version: int) -> None:
+        """The engine holds ``version``. Newest: targets up to ``version + A`` may start now."""
+        if not self.newest:
+            return
+        if self.in_flight:
+            self.step_rollouts.generation.resume_generation(recompute_kv_cache=self.recompute)
+        self.collector.grant(min(version + self.max_age, self.last_target))
+        self.collector.resume()
 
     # --- checkpoints --------------------------------------------------------------------------------
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
-        """``TrainerState.rollouts`` for a checkpoint after ``step`` steps (the collector is idle)."""
-        results = {str(t): attrs.asdict(r) for t, r in sorted(self.collector.results.items())}
-        return {**self.state.rollouts, "cut": self.collector.frontier(step), "results": results}
+        """``TrainerState.rollouts`` for a checkpoint after ``step`` steps: the complete targets from
+        ``step`` on (written by ``write``), their metrics, the data frontier before ``step`` (the cut)
+        and after the last saved target (where a resume draws next). One consistent snapshot, even
+        while the collector works (newest): a target in progress is not saved and is drawn again."""
+        with self.collector.snapshot():
+            through = self._complete_through(self.buffer, step)
+            self._saved_groups = [g for g in self.buffer.groups() if g.target_step <= through]
+            results = {str(t): attrs.asdict(r) for t, r in sorted(self.collector.results.items())
+                       if step <= t <= through}
+            frontiers = {"cut": self.collector.frontier(step), "resume": self.collector.frontier(through + 1)}
+        return {**self.state.rollouts, **frontiers, "through": through, "results": results}
 
     def write(self, directory: Path) -> None:
-        self.buffer.write(Path(directory) / ASYNC_DIR)
+        self.buffer.write(Path(directory) / ASYNC_DIR, self._saved_groups)
 
     @property
     def epoch(self) -> int:

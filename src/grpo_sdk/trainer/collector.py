@@ -75,6 +75,7 @@ class TrajectoryCollector:
         self.error: BaseException | None = None
         self.busy_since: float | None = None  # time.monotonic() when the target in progress started
         self._busy = False
+        self._paused = False
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -92,18 +93,35 @@ class TrajectoryCollector:
             self.granted_through = max(self.granted_through, through)
             self._cond.notify_all()
 
+    def pause(self) -> None:
+        """No new target starts until ``resume`` (the one in progress goes on: ``wait_idle``)."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float, before: str) -> None:
+        """Return once no target is in progress (after ``pause``: none will start)."""
+        self._wait(lambda: self._busy, timeout, before)
+
     def drain(self, timeout: float) -> None:
         """Return once no target is being generated: every granted one is in the buffer, or the
         collector failed (``check`` raises that; the step that trained meanwhile is kept)."""
+        self._wait(lambda: self._busy or self.generated_through < self.granted_through, timeout, "the weight update")
+
+    def _wait(self, busy: Any, timeout: float, before: str) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
-            while (self._busy or self.generated_through < self.granted_through) and self.error is None:
+            while busy() and self.error is None:
                 if not self.alive:
-                    raise CollectorStopped(f"the trajectory collector stopped before the weight update ({self.describe()})")
+                    raise CollectorStopped(f"the trajectory collector stopped before {before} ({self.describe()})")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise GrpoSdkError(f"starved: the trajectory collector did not finish within {timeout:g} s "
-                                       f"(grpo.async_grpo.starvation_timeout_s) before the weight update "
+                                       f"(grpo.async_grpo.starvation_timeout_s) before {before} "
                                        f"({self.describe()}); raise the deadline, or look for a stuck generation "
                                        "or environment call")
                 self._cond.wait(min(left, 0.25))
@@ -147,6 +165,11 @@ class TrajectoryCollector:
         with self._cond:
             return self.results.pop(target)
 
+    def snapshot(self) -> threading.Condition:
+        """Hold this (``with collector.snapshot():``) to read the buffer, results and frontiers as one
+        state: the collector puts a target's groups and its result under the same lock."""
+        return self._cond
+
     def frontier(self, target: int) -> dict[str, Any]:
         """The data frontier before ``target`` was drawn; the live one if it was not drawn yet
         (call it while the collector is idle: after ``drain``)."""
@@ -163,7 +186,7 @@ class TrajectoryCollector:
 
     def _next_target(self) -> int | None:
         with self._cond:
-            while not self._stopping and self.generated_through >= self.granted_through:
+            while not self._stopping and (self._paused or self.generated_through >= self.granted_through):
                 self._cond.wait(0.25)
             if self._stopping:
                 return None
@@ -221,11 +244,9 @@ class TrajectoryCollector:
                         del self.frontiers[old]
                 rollouts, metrics, seconds, wasted = self._generate(target)
                 epoch = self.step_rollouts.prompts.epoch
-                # The version the backend reports for this generation (weight sync tags it).
-                for group in split_groups(rollouts, target, rollouts.weight_version, epoch=epoch,
-                                          seconds=seconds):
-                    self.buffer.put(group)
-                with self._cond:
+                with self._cond:  # groups and their result together: a checkpoint sees both or neither
+                    for group in split_groups(rollouts, target, epoch=epoch, seconds=seconds):
+                        self.buffer.put(group)
                     self.generation_seconds += seconds
                     self.results[target] = TargetResult(metrics=metrics, seconds=seconds, epoch=epoch,
                                                         failed_seconds=wasted)
@@ -252,12 +273,21 @@ class TargetResult:
     failed_seconds: float = 0.0  # spent in failed attempts before the one that succeeded
 
 
-def split_groups(rollouts: Any, target: int, version: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:
-    """One BufferedGroup per prompt group of a target's rollouts, in group-id order."""
+def split_groups(rollouts: Any, target: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:
+    """One BufferedGroup per prompt group of a target's rollouts, in group-id order, tagged with the
+    oldest and newest weight versions of its tokens (the backend reports them; one version unless
+    an update landed in flight)."""
     groups = []
     for ordinal in torch.unique(rollouts.group_ids).tolist():
         rows = torch.nonzero(rollouts.group_ids == ordinal).flatten()
-        groups.append(BufferedGroup(ordinal=int(ordinal), target_step=target, weight_version=version,
-                                    last_weight_version=version, epoch=epoch, rollouts=rollouts.select(rows),
-                                    generation_seconds=seconds))
+        group = rollouts.select(rows)
+        first = last = group.weight_version
+        versions = group.token_weight_versions
+        if versions is not None:
+            sampled = torch.arange(versions.shape[1])[None, :] < group.response_lengths[:, None]
+            if sampled.any():
+                first, last = int(versions[sampled].min()), int(versions[sampled].max())
+        groups.append(BufferedGroup(ordinal=int(ordinal), target_step=target, weight_version=first,
+                                    last_weight_version=last, epoch=epoch, rollouts=group,
+                                    generation_seconds=seconds, token_weight_versions=versions))
     return groups

@@ -96,8 +96,20 @@ class TakenBatch:
         return {k: ages.count(k) / len(ages) for k in range(self.max_age + 1)}
 
     def metrics(self) -> dict[str, float]:
-        return {"train/buffer_size": float(self.buffer_size), "train/avg_trajectory_age": self.avg_trajectory_age,
-                **{f"train/trajectory_age/{k}": v for k, v in self.age_fractions.items()}}
+        out = {"train/buffer_size": float(self.buffer_size), "train/avg_trajectory_age": self.avg_trajectory_age,
+               **{f"train/trajectory_age/{k}": v for k, v in self.age_fractions.items()}}
+        if any(g.last_weight_version != g.weight_version for g in self.groups):  # an update landed in flight
+            ages, tokens = 0.0, 0
+            for g in self.groups:
+                sampled = torch.arange(g.rollouts.response_ids.shape[1])[None, :] < g.rollouts.response_lengths[:, None]
+                versions = g.token_weight_versions if g.token_weight_versions is not None \
+                    else torch.full(sampled.shape, g.weight_version)
+                ages += float((self.step - versions[:, :sampled.shape[1]][sampled]).sum())
+                tokens += int(sampled.sum())
+            out["train/token_age_mean"] = ages / max(tokens, 1)
+            out["train/in_flight_groups"] = sum(g.last_weight_version != g.weight_version
+                                                for g in self.groups) / len(self.groups)
+        return out
 
 
 @attrs.frozen(kw_only=True)
@@ -243,11 +255,12 @@ class ReplayBuffer:
 
     # -- checkpoint files ---------------------------------------------------------------------------------------
 
-    def write(self, directory: Path) -> None:
-        """``buffer.safetensors``, then ``buffer.json`` (each written whole or not at all)."""
+    def write(self, directory: Path, groups: list[BufferedGroup] | None = None) -> None:
+        """``buffer.safetensors``, then ``buffer.json`` (each written whole or not at all), of every
+        group or of ``groups`` (a snapshot the caller took with the state it saves alongside)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        groups = self.groups()
+        groups = self.groups() if groups is None else groups
         tensors: dict[str, torch.Tensor] = {}
         entries = [_group_entry(g, tensors) for g in groups]
         document = {"format": FORMAT, "schedule": self.schedule, "max_age": self.max_age,

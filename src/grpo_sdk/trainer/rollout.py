@@ -207,7 +207,8 @@ class RolloutBatch:
     message_logs: list[list[Message]]
     metadata: list[dict[str, Any]]
     pad_token_id: int
-    weight_version: int = 0
+    weight_version: int = 0  # the oldest weights any token came from
+    token_weight_versions: torch.Tensor | None = None  # [B, R] long, after an in-flight update; None: all weight_version
     rewards: torch.Tensor | None = None  # [B] total after scaling and shaping
     unshaped_rewards: torch.Tensor | None = None  # [B] total after scaling, before shaping
 
@@ -242,7 +243,14 @@ class RolloutBatch:
             values = [getattr(b, name) for b in batches]
             return None if any(v is None for v in values) else torch.cat(values)
 
+        versions = None
+        if any(b.token_weight_versions is not None for b in batches):
+            versions = torch.cat([torch.nn.functional.pad(
+                b.token_weight_versions if b.token_weight_versions is not None
+                else torch.full(b.response_ids.shape, b.weight_version, dtype=torch.long),
+                (0, response_width - b.response_ids.shape[1]), value=b.weight_version) for b in batches])
         return RolloutBatch(
+            token_weight_versions=versions,
             prompt_ids=pad("prompt_ids", prompt_width, True, first.pad_token_id),
             prompt_mask=pad("prompt_mask", prompt_width, True, 0),
             response_ids=pad("response_ids", response_width, False, first.pad_token_id),
@@ -308,6 +316,7 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
         group_ids=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G),
         reward_components=rewards, reward_valid=valid, reward_missing=missing, message_logs=logs, metadata=metadata,
         pad_token_id=tokenizer.pad_token_id, weight_version=out.weight_version,
+        token_weight_versions=out.token_weight_versions,
     )
     return batch, {f"env/{k}": float(v) for k, v in env_metrics.items()}
 

@@ -24,6 +24,7 @@ and logged again. See docs/lifecycle.md and docs/reliability.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -316,7 +317,8 @@ class GRPOTrainer:
             last = step >= grpo.max_num_steps
             validated = bool(self.components.val_prompts) and (periodic or (grpo.val_at_end and last))
             if validated:
-                metrics.update(self._validation_metrics(step))
+                with self._engine_to_ourselves("validation"):
+                    metrics.update(self._validation_metrics(step))
             self._log(step, metrics)
             self.last_metrics = dict(metrics)
             self.registry.host.step_end(run=self, step=step, metrics=metrics)
@@ -339,11 +341,16 @@ class GRPOTrainer:
                 self.async_rollouts.after_step(step)  # validated and saved: the next target may start
         if grpo.val_at_end and self.components.val_prompts and self.state.step \
                 and self.validated_step != self.state.step:  # the run ended by epochs, not steps
-            validation = self._validation_metrics(self.state.step)
+            with self._engine_to_ourselves("validation"):
+                validation = self._validation_metrics(self.state.step)
             self._log(self.state.step, validation)
             self.last_metrics.update(validation)
         self._save(metrics)
         return RunStatus.COMPLETED
+
+    def _engine_to_ourselves(self, what: str) -> Any:
+        """Async GRPO: the collector generates nothing while the trainer uses the engine."""
+        return self.async_rollouts.paused(what) if self.async_rollouts is not None else contextlib.nullcontext()
 
     # --- one step -------------------------------------------------------------------------------
 
@@ -404,6 +411,8 @@ class GRPOTrainer:
         tick = time.perf_counter()
         parts.weight_sync.sync_weights(parts.policy, parts.generation, version=self.state.step + 1)
         timings["weight_sync"] = time.perf_counter() - tick
+        if self.async_rollouts is not None:
+            self.async_rollouts.after_weight_sync(self.state.step + 1)
         timings["step"] = time.perf_counter() - start
         metrics.update({f"timing/{k}": v for k, v in timings.items()})
         metrics["perf/tokens_per_sec"] = metrics["generated_tokens"] / timings["step"]
@@ -477,7 +486,12 @@ class GRPOTrainer:
         self.state.data = self.components.prompts.state_dict()
         if self.async_rollouts is not None:
             self.state.rollouts = self.async_rollouts.checkpoint_state(self.state.step)
-        path = self.checkpoints.save(self.state.step, self._write_checkpoint, self.state.to_json())
+        state = self.state.to_json()
+        if self.async_rollouts is not None:  # the collector may be drawing: save where a resume draws next
+            resume = self.state.rollouts["resume"]
+            state.update(data=resume["data"], next_group_id=resume["next_group_id"],
+                         reward_failures=resume["reward_failures"])
+        path = self.checkpoints.save(self.state.step, self._write_checkpoint, state)
         self.last_saved_step = self.state.step
         self.registry.host.checkpoint_saved(run=self, step=self.state.step, path=str(path))
         return path
