@@ -17,11 +17,15 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
-from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment, correct_positions
+from grpo_sdk.environments.reverse_digits import (
+    ReverseDigitsEnvironment,
+    correct_positions,
+)
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, hookimpl, option
 
