@@ -56,6 +56,7 @@ import attrs
 
 from grpo_sdk.environments.specs import LOCAL_REFERENCE, NO_FUNCTIONS, RewardFunctionsConfig
 from grpo_sdk.plugins import ConfigError, EnvironmentReturn, EnvironmentStepError, MessageLog, PluginError
+from grpo_sdk.plugins.toolkit import background_event_loop
 
 KEY = "env.reward_functions.functions"
 RESERVED = ("prompts", "completions")  # argument names: a column of that name is not passed
@@ -310,9 +311,7 @@ class RewardFunctionsEnvironment:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=_serve, args=(loop,), name="grpo-sdk: reward functions", daemon=True).start()
-                self._loop = loop
+                self._loop = background_event_loop("grpo-sdk: reward functions")
             return self._loop
 
     def shutdown(self) -> None:
@@ -321,13 +320,6 @@ class RewardFunctionsEnvironment:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
 
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.close()
 
 
 def _as_list(rf: RewardFunction, output: Any, size: int) -> list[Any]:

@@ -19,6 +19,8 @@ neither torch nor transformers nor ray; the functions that need them import them
 * Metrics: ``sum_micro_batches`` / ``average_optimizer_steps``, how a policy backend combines
   the loss's per-micro-batch metrics (sums; ``_min``/``_max`` keys take the extreme).
 * Files: ``write_text_atomic`` (old content or all of the new, never a part) and ``fsync_dir``.
+* Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
+  components whose caller may already run a loop, as in Jupyter).
 * The machine: ``pick_device`` (``cluster.device`` -> ``"cpu"``/``"cuda"``), ``node_ip`` (this
   node's address), ``free_port``, and, for weight-sync transports running code in Ray workers
   (``grpo_sdk.plugins.WorkerGroup``), ``tcp_store`` (a ``TCPStore`` served on the node's
@@ -35,6 +37,8 @@ Example (a policy backend combining its loss metrics)::
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
@@ -52,6 +56,23 @@ def dump_config(config: Any) -> Any:
     return dump(config)
 
 
+def background_event_loop(name: str) -> asyncio.AbstractEventLoop:
+    """A new event loop running forever on a daemon thread called ``name``; submit work with
+    ``asyncio.run_coroutine_threadsafe(coro, loop)`` and end it with
+    ``loop.call_soon_threadsafe(loop.stop)`` (the loop closes itself once stopped)."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=_serve, args=(loop,), name=name, daemon=True).start()
+    return loop
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
 def store_address_op(worker: Any) -> tuple[str, int]:
     """``worker.store_address()`` as an operation for ``WorkerGroup.submit``/``run`` (a module
     function, so Ray pickles it by reference): the address of a TCPStore that worker will serve."""
@@ -65,6 +86,7 @@ __all__ = [
     "MasterConfig",
     "RemovedOption",
     "average_optimizer_steps",
+    "background_event_loop",
     "check_model_source",
     "dump_config",
     "free_port",

@@ -56,7 +56,7 @@ from grpo_sdk.backends.vllm.config import VLLMConfig
 from grpo_sdk.backends.vllm.generation import engine_args, pack_rows, prompt_rows, sampling_params
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
-from grpo_sdk.plugins.toolkit import load_tokenizer
+from grpo_sdk.plugins.toolkit import background_event_loop, load_tokenizer
 
 DEADLINE_KEY = "cluster.call_timeout_s"
 
@@ -109,8 +109,7 @@ class VLLMAsyncGeneration:
         self._engine: Any = None
         # Its own loop on its own thread: the caller's thread may already run one (Jupyter), and
         # AsyncLLM's output handler must keep running between the caller's calls.
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=_serve, args=(self._loop,), name="grpo-sdk: vllm async engine", daemon=True).start()
+        self._loop = background_event_loop("grpo-sdk: vllm async engine")
         args = AsyncEngineArgs(**engine_args(config, context), disable_log_stats=True)
 
         async def start() -> Any:
@@ -403,10 +402,3 @@ def _check_api(async_llm: type) -> None:
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
-
-def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        loop.close()
