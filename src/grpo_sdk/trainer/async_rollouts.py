@@ -1,12 +1,14 @@
 """Where an async step's rollouts come from: the trajectory collector and the replay buffer
 (issue 15, design/async-grpo.md §3.1 and §3.9, docs/async.md).
 
-The trainer's step is the synchronous one with two seams: ``batch_for(t)`` replaces generating
+The trainer's step is the synchronous one with a few seams: ``batch_for(t)`` replaces generating
 the step's rollouts inline (it waits for target ``t`` in the buffer, with a deadline), and
-``before_weight_sync()`` runs before the weights move (the collector finishes what it is
-generating, so one engine never mixes two versions in a target). ``after_step(step)`` grants the
-next target once the step's validation and checkpoint are done: the collector is idle during
-both, so validation and the saved buffer see a quiet pipeline.
+``before_weight_sync()`` / ``after_weight_sync(v)`` wrap the weight update. ``deterministic``
+drains the collector before the update and grants the next target in ``after_step(step)``, once
+the step's validation and checkpoint are done, so both see a quiet pipeline. ``newest`` grants
+up to ``v + A`` at the update itself; without in-flight updates the target in progress finishes
+first, with them the backend keeps decoding across the update (``PausesForRefit``). Validation
+runs inside ``paused()``: the trainer has the engine to itself.
 
 Exact resume (``deterministic``): a checkpoint after step ``s`` holds the buffer (targets
 ``s .. s-1+A``, complete), the data frontier after them (``TrainerState.data``, the counters) and
@@ -100,7 +102,7 @@ class AsyncRollouts:
                 elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
                     rewind_to(saved["resume"], self.state, self.step_rollouts.prompts)
             if buffer is None:
-                self._rewind_to_cut()
+                rewind_to_cut(self.state, self.step_rollouts.prompts)
         self.buffer = buffer or ReplayBuffer(**settings, taken_through=step - 1)
         self.collector = TrajectoryCollector(self.step_rollouts, self.buffer, self.state,
                                              generated_through=generated_through,
@@ -117,9 +119,6 @@ class AsyncRollouts:
         while buffer.complete(through + 1):
             through += 1
         return through
-
-    def _rewind_to_cut(self) -> None:
-        rewind_to_cut(self.state, self.step_rollouts.prompts)
 
     def after_step(self, step: int) -> None:
         """``step`` steps are trained, validated and saved. Deterministic: grant targets up to
@@ -233,7 +232,3 @@ class AsyncRollouts:
 
     def write(self, directory: Path) -> None:
         self.buffer.write(Path(directory) / ASYNC_DIR, self._saved_groups)
-
-    @property
-    def epoch(self) -> int:
-        return int(self.state.rollouts.get("epoch", 0))

@@ -172,7 +172,8 @@ class TrajectoryCollector:
 
     def frontier(self, target: int) -> dict[str, Any]:
         """The data frontier before ``target`` was drawn; the live one if it was not drawn yet
-        (call it while the collector is idle: after ``drain``)."""
+        (call it inside ``snapshot()`` or while the collector is idle: the collector records a
+        target's frontier under that lock before it draws)."""
         with self._cond:
             if target in self.frontiers:
                 return self.frontiers[target]

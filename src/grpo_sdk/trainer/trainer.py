@@ -483,14 +483,14 @@ class GRPOTrainer:
                                                    self.state.validation)
         version, internal, gauss = random.getstate()
         self.state.python_random = [version, list(internal), gauss]
-        self.state.data = self.components.prompts.state_dict()
-        if self.async_rollouts is not None:
+        if self.async_rollouts is None:
+            self.state.data = self.components.prompts.state_dict()
+            state = self.state.to_json()
+        else:  # the collector may be drawing: save where a resume draws next, from one snapshot
             self.state.rollouts = self.async_rollouts.checkpoint_state(self.state.step)
-        state = self.state.to_json()
-        if self.async_rollouts is not None:  # the collector may be drawing: save where a resume draws next
             resume = self.state.rollouts["resume"]
-            state.update(data=resume["data"], next_group_id=resume["next_group_id"],
-                         reward_failures=resume["reward_failures"])
+            state = {**self.state.to_json(), "data": resume["data"], "next_group_id": resume["next_group_id"],
+                     "reward_failures": resume["reward_failures"]}
         path = self.checkpoints.save(self.state.step, self._write_checkpoint, state)
         self.last_saved_step = self.state.step
         self.registry.host.checkpoint_saved(run=self, step=self.state.step, path=str(path))
