@@ -46,6 +46,26 @@ class StallDigits(ReverseDigitsEnvironment):
 '''
 
 
+SLOW_HF = '''
+import time
+
+from grpo_sdk.backends.hf.generation import HFGeneration
+from grpo_sdk.plugins import ComponentSpec
+
+SPEC = ComponentSpec(name="slow-hf", kind="generation", impl="grpo_test_slow_hf:SlowHF",
+                     config="grpo_sdk.backends.hf.config:HFGenerationConfig",
+                     capabilities={"in_flight_weight_updates"}, summary="hf with 30 ms between decode steps")
+
+
+class SlowHF(HFGeneration):
+    """hf generation that pauses 30 ms between decode steps, as a bigger model would take: a
+    weight update then lands in flight at all on the tiny model."""
+
+    def _between_decode_steps(self, next_token):
+        time.sleep(0.03)
+'''
+
+
 @attrs.frozen
 class RayCluster:
     site: Path  # on every worker's PYTHONPATH, not on the driver's sys.path
@@ -58,6 +78,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     site.add("grpo-test-stall-env",
              entry_points={"grpo_sdk.environments": {"stall_digits": "grpo_test_stall_env:SPEC"}},
              files={"grpo_test_stall_env.py": STALL_ENV})
+    site.add("grpo-test-slow-hf", entry_points={"grpo_sdk.generation": {"slow-hf": "grpo_test_slow_hf:SPEC"}},
+             files={"grpo_test_slow_hf.py": SLOW_HF})
     from grpo_sdk.runtime.ray_runtime import start_local_cluster
 
     cluster = None

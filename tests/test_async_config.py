@@ -105,6 +105,8 @@ def test_a_rule_exits_2_through_the_cli_with_the_key_and_the_fix():
      "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true"],  # hf declares the capability
     ["grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=2"],  # deterministic draws batches as sync does
     ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"],
+    ["cluster.runtime=ray", "policy.generation.colocated.enabled=false", NEWEST,
+     "grpo.async_grpo.in_flight_weight_updates=true"],  # Ray generation workers take the update concurrently
 ])
 def test_valid_async_configs_load(registry, overrides):
     assert check_config(load(registry, *ON, *overrides), registry) == []
@@ -120,10 +122,6 @@ def test_valid_async_configs_load(registry, overrides):
     (["cluster.runtime=ray"], "policy.generation.colocated.enabled",
      ["must be false with grpo.async_grpo.enabled=true on cluster.runtime=ray", "could never overlap training",
       "set policy.generation.colocated.enabled=false"]),
-    (["cluster.runtime=ray", "policy.generation.colocated.enabled=false", NEWEST,
-      "grpo.async_grpo.in_flight_weight_updates=true"], "grpo.async_grpo.in_flight_weight_updates",
-     ["is not available on cluster.runtime=ray yet", "runs one call at a time",
-      "set grpo.async_grpo.in_flight_weight_updates=false"]),
     (["grpo.async_grpo.max_trajectory_age_steps=1048575", "grpo.num_prompts_per_step=2",
       "grpo.num_generations_per_prompt=2"], "grpo.async_grpo.max_trajectory_age_steps",
      ["(max_trajectory_age_steps + 1) x grpo.num_prompts_per_step x grpo.num_generations_per_prompt = "

@@ -68,12 +68,6 @@ def check_async(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, st
                          "offloads the policy around every generation round, so generation could never overlap "
                          "training; set policy.generation.colocated.enabled=false (generation gets its own "
                          "devices, cluster.generation_workers of them)"))
-    if a.in_flight_weight_updates and cfg.cluster.runtime == "ray":
-        problems.append((f"{PREFIX}.in_flight_weight_updates",
-                         "is not available on cluster.runtime=ray yet: a Ray generation worker runs one call at a "
-                         "time, so a weight update would wait for the generation in flight anyway; set "
-                         f"{PREFIX}.in_flight_weight_updates=false (the update then waits for it by design) or "
-                         "cluster.runtime=local"))
     held = (a.max_trajectory_age_steps + 1) * grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     if held > C.MAX_ROWS:
         problems.append((f"{PREFIX}.max_trajectory_age_steps",

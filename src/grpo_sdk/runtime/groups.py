@@ -146,6 +146,7 @@ class WorkerGroup:
         self._closed = False
         self._broken: str | None = None
         self.methods = ()  # the runtime sets what the workers report once they are set up
+        self.specs: list[Any] = []  # what the workers were built from (the runtime sets it too)
 
     # Optional protocol methods --------------------------------------------------------------------
 
@@ -427,6 +428,19 @@ class EnvironmentPool(WorkerGroup):
         try:
             super().shutdown()
         finally:
-            local, self._local = self._local, None
-            if isinstance(local, SupportsShutdown):
-                local.shutdown()
+            self.close_local()
+
+    def close_local(self) -> None:
+        """Shut down the local instance ``sample_prompts`` uses (the actors are ``shutdown``'s)."""
+        local, self._local = self._local, None
+        if isinstance(local, SupportsShutdown):
+            local.shutdown()
+
+
+def local_sampler_factory(impl: Any, config: Any, context: Any) -> Callable[[], Any] | None:
+    """What builds an environment's local instance for ``sample_prompts``; None when ``impl`` makes no prompts."""
+    from grpo_sdk.core.protocols import PromptSampler
+
+    if isinstance(impl, type) and issubclass(impl, PromptSampler):
+        return lambda: impl(config, context)
+    return None

@@ -54,9 +54,9 @@ from typing import Any
 import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
-from grpo_sdk.core.protocols import PromptSampler
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
-from grpo_sdk.runtime.groups import EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup
+from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup,
+                                    local_sampler_factory)
 from grpo_sdk.runtime.workers import ComponentWorker, WorkerSpec
 
 __all__ = ["RayRuntime", "WorkerError", "Placement", "LocalCluster", "start_local_cluster"]
@@ -94,6 +94,8 @@ class RayRuntime:
         self.call_timeout = float(self.cluster.call_timeout_s)
         self.startup_timeout = float(self.cluster.startup_timeout_s)
         self.colocated = bool(config.policy.generation.colocated.enabled)
+        a = config.grpo.async_grpo
+        self.in_flight = bool(a.enabled and a.in_flight_weight_updates)
         self.failure: WorkerError | None = None
         self.groups: list[WorkerGroup] = []
         self.policy_group: PolicyGroup | None = None
@@ -228,12 +230,35 @@ class RayRuntime:
     def _build_environment(self, name: str, config: Any, context: Any) -> EnvironmentPool:
         k = self.cluster.env_workers
         workers = self._start_actors("environment", k)
-        impl = self.registry.load_impl("environment", name)
-        samples = isinstance(impl, type) and issubclass(impl, PromptSampler)
-        factory = (lambda: impl(config, context)) if samples else None
+        factory = local_sampler_factory(self.registry.load_impl("environment", name), config, context)
         group = EnvironmentPool(self, workers, max_concurrency=self.cluster.env_max_concurrency, local_factory=factory)
         self._setup(group, [self._spec("environment", name, config, context) for _ in range(k)])
         return group
+
+    def start_actor_on_driver_node(self, worker_class: type, group_class: type, *, role: str, spec: Any,
+                                   max_concurrency: int) -> Any:
+        """One ``worker_class`` actor (a ``ComponentWorker``) on the driver's node, so files read the
+        same, set up from ``spec`` within cluster.startup_timeout_s, behind a ``group_class`` proxy that
+        shuts down with the run (async GRPO's collector: grpo_sdk.trainer.collector_worker). It
+        reserves no CPU: such an actor coordinates other workers, and a cluster sized for them must
+        take it. ``max_concurrency``: calls that run at once (its own threads are extra)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options = {"max_restarts": 0, "max_task_retries": 0, "num_cpus": 0, "max_concurrency": max_concurrency,
+                   "scheduling_strategy": NodeAffinitySchedulingStrategy(
+                       node_id=ray.get_runtime_context().get_node_id(), soft=False)}
+        handle = WorkerHandle(actor=ray.remote(worker_class).options(**options).remote(), role=role, index=0,
+                              show_node=self.cluster.num_nodes > 1)
+        group = group_class(self, [handle])
+        self._setup(group, [spec])
+        return group
+
+    def hook_modules(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The hook plugins the driver loaded by module name (``grpoctl run -p``) and the sys.path
+        roots they were found under: workers load them too."""
+        modules = tuple(p.module for p in self.registry.hook_plugins if p.status == "ok" and p.dist is None and p.module)
+        return modules, tuple(_module_roots(modules))
 
     def _start_actors(self, role: str, count: int) -> list[WorkerHandle]:
         import ray
@@ -249,6 +274,8 @@ class RayRuntime:
             if role == "environment":
                 options.update(num_cpus=_quantity(c.cpus_per_worker), max_concurrency=c.env_max_concurrency)
             else:
+                if role == "generation" and self.in_flight:  # a weight update runs while generate() is in flight
+                    options["max_concurrency"] = 2
                 placement = self._placement()
                 share = placement.shares[role]
                 options.update(
@@ -286,15 +313,14 @@ class RayRuntime:
                 worker.kill()
             raise
         group.methods = set.intersection(*(set(info["methods"]) for info in infos))
+        group.specs = specs
         self.groups.append(group)
 
     def _spec(self, kind: str, name: str, config: Any, context: Any, *, rank: int = 0,
               world_size: int = 1) -> WorkerSpec:
-        modules = tuple(p.module for p in self.registry.hook_plugins
-                        if p.status == "ok" and p.dist is None and p.module)
+        modules, roots = self.hook_modules()
         return WorkerSpec(kind=kind, name=name, config=config, context=attrs.evolve(context, registry=None),
-                          rank=rank, world_size=world_size, hook_modules=modules,
-                          sys_path=tuple(_module_roots(modules)))
+                          rank=rank, world_size=world_size, hook_modules=modules, sys_path=roots)
 
     def _check_remote_component(self, kind: str, name: str) -> None:
         """A component registered in-process (PluginHost.register) cannot be rebuilt in a worker."""

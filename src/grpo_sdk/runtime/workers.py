@@ -176,6 +176,7 @@ class ComponentWorker:
     def call(self, method: str, *args: Any, _want_result: bool = True, **kwargs: Any) -> Any:
         """``component.method(*args, **kwargs)``; an iterator result is drained here (every rank of a
         group must drain a collective iterator such as an FSDP2 ``named_weights``)."""
+        self._pin_threads()
         result = getattr(self.component, method)(*args, **kwargs)
         if isinstance(result, (types.GeneratorType, Iterator)):
             result = list(result)
@@ -183,7 +184,19 @@ class ComponentWorker:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A generic operation: ``fn(self, *args, **kwargs)`` in this worker (weight-sync transports)."""
+        self._pin_threads()
         return fn(self, *args, **kwargs)
+
+    def _pin_threads(self) -> None:
+        """cluster.num_threads in the thread this call runs in: an actor with max_concurrency > 1
+        runs calls on a thread pool, and OpenMP's thread count is per thread (a new one starts at
+        the default, which collapses on a busy machine)."""
+        threads = self.spec.context.config.cluster.num_threads if self.spec is not None else None
+        if threads:
+            import torch
+
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
 
     def teardown(self) -> None:
         try:

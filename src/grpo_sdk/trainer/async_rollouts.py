@@ -27,10 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from grpo_sdk.core.errors import GrpoSdkError
-from grpo_sdk.trainer.collector import CollectorStopped, TargetResult, TrajectoryCollector
+from grpo_sdk.trainer.collector import CollectorStopped, TargetResult, TrajectoryCollector, complete_through
 from grpo_sdk.trainer.replay_buffer import ReplayBuffer
 from grpo_sdk.trainer.rollout import RolloutBatch
 from grpo_sdk.trainer.step_rollouts import StepRollouts
@@ -47,28 +45,67 @@ def rewind_to_cut(state: Any, prompts: Any) -> None:
         rewind_to(state.rollouts["cut"], state, prompts)
 
 
-def rewind_to(frontier: dict[str, Any], state: Any, prompts: Any) -> None:
+def rewind_to(frontier: dict[str, Any], counters: Any, prompts: Any) -> None:
     prompts.load_state_dict(frontier["data"])
-    state.next_group_id = frontier["next_group_id"]
-    state.reward_failures = [list(x) for x in frontier["reward_failures"]]
+    counters.next_group_id = frontier["next_group_id"]
+    counters.reward_failures = [list(x) for x in frontier["reward_failures"]]
+
+
+def open_collector(config: Any, step_rollouts: StepRollouts, counters: Any, *, step: int,
+                   restore_dir: str | Path | None, saved: dict[str, Any]) -> TrajectoryCollector:
+    """The buffer (restored from ``restore_dir`` when it holds what its checkpoint saved) and the
+    collector over it, started; nothing granted yet. ``step`` is the next step to train (0-based
+    target), ``counters`` the data counters the collector advances, ``saved`` the checkpoint's
+    ``TrainerState.rollouts``. Where the collector runs: in the trainer's process (a thread) or in
+    the Ray runtime's collector actor (``grpo_sdk.trainer.collector_worker``)."""
+    grpo, a = config.grpo, config.grpo.async_grpo
+    settings = {"num_prompts_per_step": grpo.num_prompts_per_step, "num_generations": grpo.num_generations_per_prompt,
+                "max_age": a.max_trajectory_age_steps, "schedule": a.schedule}
+    buffer, generated_through, prompts = None, step - 1, step_rollouts.prompts
+    if restore_dir is not None and step > 0:
+        restore_dir = Path(restore_dir)
+        expected = saved.get("through", step - 1 + a.max_trajectory_age_steps)
+        if config.checkpointing.load_replay_buffer and (restore_dir / ASYNC_DIR).is_dir():
+            buffer, dropped = ReplayBuffer.read(restore_dir / ASYNC_DIR, step=step, **settings)
+            generated_through = complete_through(buffer, step)
+            if dropped or generated_through != expected:
+                buffer, generated_through = None, step - 1  # not the saved pipeline: regenerate from the cut
+                print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold what its checkpoint "
+                      f"saved (steps {step + 1}..{expected + 1}); regenerating them from the data frontier of step "
+                      f"{step + 1}", file=sys.stderr, flush=True)
+            elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
+                rewind_to(saved["resume"], counters, prompts)
+        if buffer is None and saved.get("cut") is not None:
+            rewind_to(saved["cut"], counters, prompts)
+    collector = TrajectoryCollector(step_rollouts, buffer or ReplayBuffer(**settings, taken_through=step - 1),
+                                    counters, generated_through=generated_through,
+                                    num_threads=config.cluster.num_threads, max_failures=a.max_generation_failures)
+    if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
+        collector.results = {int(t): TargetResult(**r) for t, r in saved["results"].items()}
+    collector.start()
+    return collector
 
 
 class AsyncRollouts:
     """Example (the trainer's calls, in order)::
 
-        source = AsyncRollouts(cfg, step_rollouts, state)
+        source = AsyncRollouts(cfg, step_rollouts, state, runtime)
         source.start(step=state.step, restore_dir=None)   # grants targets step .. step + A
         rollouts, metrics, waited = source.batch_for(step)  # target `step` (0-based), from the buffer
         source.before_weight_sync()                         # the collector is idle from here
         # ... sync weights, validate, save (source.write(checkpoint_dir)) ...
         source.after_step(step + 1)                          # grant step + 1 + A
         source.stop()
+
+    The collector is a ``TrajectoryCollector`` in this process, or on a runtime that offers one
+    (Ray: ``grpo_sdk.trainer.collector_worker``) a proxy with the same methods over the collector's actor.
     """
 
-    def __init__(self, config: Any, step_rollouts: StepRollouts, state: Any):
+    def __init__(self, config: Any, step_rollouts: StepRollouts, state: Any, runtime: Any = None):
         self.config = config
         self.step_rollouts = step_rollouts
         self.state = state  # TrainerState: the collector's counters; its ``rollouts`` dict is ours
+        self.runtime = runtime
         a = config.grpo.async_grpo
         self.max_age = a.max_trajectory_age_steps
         self.timeout = a.starvation_timeout_s
@@ -76,49 +113,22 @@ class AsyncRollouts:
         self.in_flight = a.in_flight_weight_updates
         self.recompute = a.recompute_kv_cache_after_weight_updates
         self.last_target = config.grpo.max_num_steps - 1
-        self.buffer: ReplayBuffer | None = None
-        self.collector: TrajectoryCollector | None = None
-        self._saved_groups: list[Any] = []  # the snapshot checkpoint_state took, for write
+        self.collector: Any = None  # TrajectoryCollector or the runtime's proxy of one
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
     def start(self, step: int, restore_dir: Path | None) -> None:
-        """Build the buffer (restored from ``restore_dir`` when it holds one) and the collector, and
-        grant the first targets. ``step`` is the next step to train (0-based target)."""
-        grpo, ckpt = self.config.grpo, self.config.checkpointing
-        settings = {"num_prompts_per_step": grpo.num_prompts_per_step,
-                    "num_generations": grpo.num_generations_per_prompt, "max_age": self.max_age,
-                    "schedule": grpo.async_grpo.schedule}
-        buffer, generated_through, saved = None, step - 1, self.state.rollouts
-        if restore_dir is not None and step > 0:
-            if ckpt.load_replay_buffer and (restore_dir / ASYNC_DIR).is_dir():
-                buffer, dropped = ReplayBuffer.read(restore_dir / ASYNC_DIR, step=step, **settings)
-                generated_through = self._complete_through(buffer, step)
-                if dropped or generated_through != saved.get("through", step - 1 + self.max_age):
-                    buffer, generated_through = None, step - 1  # not the saved pipeline: regenerate from the cut
-                    print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold what its "
-                          f"checkpoint saved (steps {step + 1}..{saved.get('through', step - 1 + self.max_age) + 1}); "
-                          f"regenerating them from the data frontier of step {step + 1}", file=sys.stderr, flush=True)
-                elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
-                    rewind_to(saved["resume"], self.state, self.step_rollouts.prompts)
-            if buffer is None:
-                rewind_to_cut(self.state, self.step_rollouts.prompts)
-        self.buffer = buffer or ReplayBuffer(**settings, taken_through=step - 1)
-        self.collector = TrajectoryCollector(self.step_rollouts, self.buffer, self.state,
-                                             generated_through=generated_through,
-                                             num_threads=self.config.cluster.num_threads,
-                                             max_failures=self.config.grpo.async_grpo.max_generation_failures)
-        if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
-            self.collector.results = {int(t): TargetResult(**r) for t, r in self.state.rollouts["results"].items()}
-        self.collector.start()
-        self.collector.grant(min(step + self.max_age, self.last_target))
+        """Start the collector (its buffer restored from ``restore_dir`` when it holds one) and grant
+        the first targets. ``step`` is the next step to train (0-based target)."""
+        if hasattr(self.runtime, "start_actor_on_driver_node"):  # Ray: next to the generation workers
+            from grpo_sdk.trainer.collector_worker import start_remote_collector
 
-    def _complete_through(self, buffer: ReplayBuffer, step: int) -> int:
-        """The last target of the run of complete targets from ``step`` on; later ones are dropped."""
-        through = step - 1
-        while buffer.complete(through + 1):
-            through += 1
-        return through
+            self.collector = start_remote_collector(self.runtime, self.step_rollouts, self.state, step=step,
+                                                    restore_dir=restore_dir)
+        else:
+            self.collector = open_collector(self.config, self.step_rollouts, self.state, step=step,
+                                            restore_dir=restore_dir, saved=self.state.rollouts)
+        self.collector.grant(min(step + self.max_age, self.last_target))
 
     def after_step(self, step: int) -> None:
         """``step`` steps are trained, validated and saved. Deterministic: grant targets up to
@@ -139,7 +149,7 @@ class AsyncRollouts:
 
     @property
     def failed(self) -> bool:
-        return self.collector is not None and self.collector.error is not None
+        return self.collector is not None and self.collector.failed
 
     def check(self) -> None:
         self.collector.check()
@@ -158,36 +168,30 @@ class AsyncRollouts:
         trainer waited for them. Waits while groups keep arriving; stops with a report when the
         collector failed or stopped, or when no group completed for ``starvation_timeout_s``."""
         start = time.perf_counter()
-        last_progress, seen, reported = time.monotonic(), self.buffer.groups_put, time.monotonic()
-        while not self.buffer.wait_for(step, POLL_S):
+        last_progress, seen, reported = time.monotonic(), -1, time.monotonic()
+        while True:
+            complete, put, alive = self.collector.poll(step, POLL_S)
+            if complete:
+                break
             self.collector.check()
-            if not self.collector.alive:
+            if not alive:
                 raise CollectorStopped(f"the trajectory collector stopped before step {step + 1}'s groups were "
-                                       f"complete ({self._status()})")
+                                       f"complete ({self.collector.status()})")
             now = time.monotonic()
-            if self.buffer.groups_put != seen:
-                last_progress, seen = now, self.buffer.groups_put
+            if put != seen:
+                last_progress, seen = now, put
             elif now - last_progress > self.timeout:
                 raise GrpoSdkError(f"starved: no prompt group completed for {self.timeout:g} s while step "
-                                   f"{step + 1} waited for its groups ({self._status()}): generation is slower "
+                                   f"{step + 1} waited for its groups ({self.collector.status()}): generation is slower "
                                    "than grpo.async_grpo.starvation_timeout_s allows; raise it, or look for a stuck "
                                    "generation or environment call")
             if now - reported >= REPORT_EVERY_S:
                 reported = now
                 print(f"grpo-sdk: step {step + 1} has waited {time.perf_counter() - start:.0f} s for its prompt "
-                      f"groups ({self._status()})", file=sys.stderr, flush=True)
+                      f"groups ({self.collector.status()})", file=sys.stderr, flush=True)
         waited = time.perf_counter() - start
-        taken = self.buffer.take(step)
-        result = self.collector.pop_result(step)
-        self.state.rollouts["epoch"] = result.epoch
-        metrics = {**result.metrics, **taken.metrics(), "timing/collector/generation": result.seconds,
-                   "timing/collector/failed_generation": result.failed_seconds}
-        return taken.rollouts, metrics, waited
-
-    def _status(self) -> str:
-        targets = self.buffer.targets()
-        held = ", ".join(f"step {t + 1}: {len(s.ordinals)}/{s.needed} groups" for t, s in targets.items())
-        return f"buffer: {held or 'empty'}; collector: {self.collector.describe()}"
+        rollouts, metrics, self.state.rollouts["epoch"] = self.collector.take(step)
+        return rollouts, metrics, waited
 
     def before_weight_sync(self) -> tuple[float, float]:
         """Make way for the weight update; returns the seconds that took (the refit bubble) and the
@@ -204,7 +208,7 @@ class AsyncRollouts:
                 self.step_rollouts.generation.pause_generation(keep_in_flight=True)
             else:
                 self.collector.wait_idle(self.timeout, "the weight update")
-        return time.perf_counter() - start, float(self.buffer.size)
+        return time.perf_counter() - start, float(self.collector.buffer_size())
 
     def after_weight_sync(self, version: int) -> None:
         """The engine holds ``version``. Newest: targets up to ``version + A`` may start now."""
@@ -218,17 +222,10 @@ class AsyncRollouts:
     # --- checkpoints --------------------------------------------------------------------------------
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
-        """``TrainerState.rollouts`` for a checkpoint after ``step`` steps: the complete targets from
-        ``step`` on (written by ``write``), their metrics, the data frontier before ``step`` (the cut)
-        and after the last saved target (where a resume draws next). One consistent snapshot, even
-        while the collector works (newest): a target in progress is not saved and is drawn again."""
-        with self.collector.snapshot():
-            through = self._complete_through(self.buffer, step)
-            self._saved_groups = [g for g in self.buffer.groups() if g.target_step <= through]
-            results = {str(t): attrs.asdict(r) for t, r in sorted(self.collector.results.items())
-                       if step <= t <= through}
-            frontiers = {"cut": self.collector.frontier(step), "resume": self.collector.frontier(through + 1)}
-        return {**self.state.rollouts, **frontiers, "through": through, "results": results}
+        """``TrainerState.rollouts`` for a checkpoint after ``step`` steps: the collector's snapshot
+        (``TrajectoryCollector.checkpoint_state``: the saved targets, their metrics, the cut and the
+        resume frontier) with what the trainer keeps there itself (the trained epoch)."""
+        return {**self.state.rollouts, **self.collector.checkpoint_state(step)}
 
     def write(self, directory: Path) -> None:
-        self.buffer.write(Path(directory) / ASYNC_DIR, self._saved_groups)
+        self.collector.write(str(Path(directory) / ASYNC_DIR))

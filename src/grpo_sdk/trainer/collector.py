@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -77,6 +78,7 @@ class TrajectoryCollector:
         self._busy = False
         self._paused = False
         self._stopping = False
+        self._saved_groups: list[BufferedGroup] = []  # what the last checkpoint_state saved, for write
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -161,23 +163,58 @@ class TrajectoryCollector:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def pop_result(self, target: int) -> TargetResult:
-        with self._cond:
-            return self.results.pop(target)
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
-    def snapshot(self) -> threading.Condition:
-        """Hold this (``with collector.snapshot():``) to read the buffer, results and frontiers as one
-        state: the collector puts a target's groups and its result under the same lock."""
-        return self._cond
+    def poll(self, target: int, timeout: float) -> tuple[bool, int, bool]:
+        """Wait up to ``timeout`` s for ``target``'s groups: (complete, groups put so far, thread alive)."""
+        complete = self.buffer.wait_for(target, timeout)
+        return complete, self.buffer.groups_put, self.alive
 
-    def frontier(self, target: int) -> dict[str, Any]:
-        """The data frontier before ``target`` was drawn; the live one if it was not drawn yet
-        (call it inside ``snapshot()`` or while the collector is idle: the collector records a
-        target's frontier under that lock before it draws)."""
+    def take(self, target: int) -> tuple[Any, dict[str, float], int]:
+        """A complete target's rollouts, their metrics (rollout, buffer and collector timing) and the
+        data epoch after drawing them; removed from the buffer."""
         with self._cond:
-            if target in self.frontiers:
-                return self.frontiers[target]
-            return self._frontier_now()
+            taken = self.buffer.take(target)
+            if taken is None:
+                raise GrpoSdkError(f"step {target + 1} was taken before its groups were complete ({self.status()})")
+            result = self.results.pop(target)
+        metrics = {**result.metrics, **taken.metrics(), "timing/collector/generation": result.seconds,
+                   "timing/collector/failed_generation": result.failed_seconds}
+        return taken.rollouts, metrics, result.epoch
+
+    def buffer_size(self) -> int:
+        return self.buffer.size
+
+    def status(self) -> str:
+        """The buffer's targets and what the collector is doing, for a starving trainer's report."""
+        held = ", ".join(f"step {t + 1}: {len(s.ordinals)}/{s.needed} groups" for t, s in self.buffer.targets().items())
+        return f"buffer: {held or 'empty'}; collector: {self.describe()}"
+
+    # --- checkpoints (a consistent snapshot even while the thread draws) ---------------------------
+
+    def checkpoint_state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint after ``step`` trained steps records of the pipeline: the complete
+        targets from ``step`` on (``through``; ``write`` writes their groups), their metrics, and the
+        data frontiers before ``step`` (``cut``) and after ``through`` (``resume``: where a resume
+        draws next). Taken under the lock the thread puts a target's groups and result with, so a
+        target in progress is not saved and is drawn again."""
+        with self._cond:
+            through = complete_through(self.buffer, step)
+            self._saved_groups = [g for g in self.buffer.groups() if g.target_step <= through]
+            results = {str(t): attrs.asdict(r) for t, r in sorted(self.results.items()) if step <= t <= through}
+            return {"cut": self._frontier(step), "resume": self._frontier(through + 1), "through": through,
+                    "results": results}
+
+    def write(self, directory: str | Path) -> None:
+        """The groups the last ``checkpoint_state`` saved, as ``buffer.json`` + ``buffer.safetensors``."""
+        self.buffer.write(Path(directory), self._saved_groups)
+
+    def _frontier(self, target: int) -> dict[str, Any]:
+        """The data frontier before ``target`` was drawn; the live one if it was not drawn yet (under
+        the lock: the thread records a target's frontier under it before it draws)."""
+        return self.frontiers[target] if target in self.frontiers else self._frontier_now()
 
     def _frontier_now(self) -> dict[str, Any]:
         return {"data": self.step_rollouts.prompts.state_dict(), "next_group_id": self.counters.next_group_id,
@@ -272,6 +309,14 @@ class TargetResult:
     seconds: float
     epoch: int
     failed_seconds: float = 0.0  # spent in failed attempts before the one that succeeded
+
+
+def complete_through(buffer: ReplayBuffer, step: int) -> int:
+    """The last target of the run of complete targets from ``step`` on (``step - 1``: none)."""
+    through = step - 1
+    while buffer.complete(through + 1):
+        through += 1
+    return through
 
 
 def split_groups(rollouts: Any, target: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:

@@ -300,7 +300,8 @@ class GRPOTrainer:
         if grpo.val_at_start and self.state.step == 0 and self.components.val_prompts:
             self._log(0, self._validation_metrics(0))
         if grpo.async_grpo.enabled:  # after the first validation: that one has the engine to itself
-            self.async_rollouts = self._open(AsyncRollouts(self.config, self.components.step_rollouts, self.state))
+            self.async_rollouts = self._open(AsyncRollouts(self.config, self.components.step_rollouts, self.state,
+                                                           self.components.runtime))
             self.async_rollouts.start(self.state.step, self.restored_from)
         metrics: dict[str, float] = {}
         slowest_step = 0.0

@@ -1,0 +1,116 @@
+"""Async GRPO on the Ray runtime (issue 15 items 2, 3 and 8; docs/async.md, "On Ray"): the
+trajectory collector runs as an actor next to the generation workers, the deterministic schedule
+gives the in-process results, in-flight weight updates land while a generation is in flight on a
+Ray generation worker, and a killed collector actor stops the run naming it, its workers gone.
+
+Every test shares the session's local cluster (``ray_fixtures.ray_cluster``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from grpo_sdk.plugins.registry import Registry
+from grpo_sdk.runtime.deadlines import WorkerError
+from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
+from test_ray_runtime import assert_same_results, train, trainer_for
+
+ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]
+SHORT = ["grpo.max_num_steps=4", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false"]
+RAY = ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"]
+
+needs_ray = pytest.mark.usefixtures("ray_cluster")
+
+
+def process_gone(pid: int, within: float = 30.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@needs_ray
+def test_the_collector_is_an_actor_and_gives_the_in_process_results(tmp_path):
+    """Deterministic A=1: the same seed trains the same steps in-process (a collector thread) and on
+    Ray (a collector actor calling the generation and environment actors itself)."""
+    from grpo_sdk.trainer.collector_worker import RemoteCollector
+
+    local = train(trainer_for(tmp_path, "local", *SHORT, *ASYNC))
+    trainer = trainer_for(tmp_path, "ray", *SHORT, *ASYNC, *RAY)
+    seen = []
+
+    def where(step, metrics):
+        collector = trainer.async_rollouts.collector
+        seen.append((type(collector), collector.workers[0].pid, collector.workers[0].label))
+
+    on_ray = train(trainer, where)
+    assert_same_results(local, on_ray)
+    kind, pid, label = seen[0]
+    assert kind is RemoteCollector and pid not in (None, os.getpid()) and label == f"collector worker 0 (pid {pid})"
+    assert [m["train/avg_trajectory_age"] for m in on_ray] == [0.0, 1.0, 1.0, 1.0]
+    assert process_gone(pid)  # shut down with the run
+
+
+@needs_ray
+def test_in_flight_weight_updates_land_on_a_ray_generation_worker(tmp_path, ray_cluster, monkeypatch):
+    """Newest + in-flight: the driver pauses the generation worker keep-in-flight, updates its weights
+    and resumes it while the collector actor's generate() call is in flight (the worker takes two
+    calls at once), so some steps train groups whose tokens came from two versions."""
+    monkeypatch.syspath_prepend(str(ray_cluster.site))
+    registry = Registry.discover()
+    try:
+        trainer = trainer_for(tmp_path, "run", *ASYNC, *RAY, "grpo.async_grpo.schedule=newest",
+                              "grpo.async_grpo.in_flight_weight_updates=true",
+                              "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
+                              "grpo.async_grpo.max_trajectory_age_steps=1", "policy.generation.backend=slow-hf",
+                              "policy.generation.max_new_tokens=16", "grpo.num_prompts_per_step=4",
+                              "grpo.num_generations_per_prompt=8", "grpo.max_num_steps=8", "grpo.val_period=0",
+                              "grpo.val_at_end=false", "checkpointing.enabled=false", registry=registry)
+        steps = train(trainer)
+    finally:
+        sys.modules.pop("grpo_test_slow_hf", None)
+    assert len(steps) == 8
+    mixed = [m for m in steps if m.get("train/in_flight_groups", 0) > 0]
+    assert mixed, "no weight update landed in flight"
+    for m in mixed:
+        assert 0 < m["train/token_age_mean"] <= m["train/avg_trajectory_age"] <= 1
+    assert all(0 <= m["train/avg_trajectory_age"] <= 1 for m in steps)
+
+
+@needs_ray
+def test_a_killed_collector_actor_stops_the_run_naming_it_and_the_run_resumes_exactly(tmp_path):
+    """SIGKILL of the collector actor after step 3: the run stops with a WorkerError naming it, within
+    seconds, every worker of the run gone; resumed from step_2 on Ray, the new collector actor
+    restores the buffer that checkpoint holds and steps 3-6 are the uninterrupted run's."""
+    args = [*ASYNC, "grpo.max_num_steps=6", "grpo.val_period=0", "grpo.val_at_end=false",
+            "checkpointing.save_period=2"]
+    uninterrupted = train(trainer_for(tmp_path, "local", *args))
+    trainer = trainer_for(tmp_path, "run", *args, *RAY)
+    pids = {}
+
+    def kill_after_step_3(step, metrics):
+        if step == 3:
+            collector = trainer.async_rollouts.collector
+            pids.update(collector=collector.workers[0].pid, generation=trainer.components.generation.workers[0].pid,
+                        policy=trainer.components.policy.workers[0].pid)
+            os.kill(pids["collector"], signal.SIGKILL)
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        train(trainer, kill_after_step_3)
+    assert time.monotonic() - start < 120
+    assert info.value.worker == f"collector worker 0 (pid {pids['collector']})"
+    assert str(info.value).startswith(f"collector worker 0 (pid {pids['collector']}) died during ")
+    assert all(process_gone(pid) for pid in pids.values()), pids
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_2"]
+
+    resumed = train(trainer_for(tmp_path, "run", *args, *RAY, resume=True))
+    assert_same_results(uninterrupted[2:], resumed)
