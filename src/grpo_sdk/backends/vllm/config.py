@@ -32,19 +32,32 @@ class VLLMConfig:
     async_engine: bool = option(False, "Drive vLLM's AsyncLLM (its engine core in a process of its own) instead of "
                                 "the in-process LLM: requests can be submitted without blocking, paused for a "
                                 "weight update and updated while in flight, with each token's weight version "
-                                "recorded (async GRPO, docs/vllm.md). Weights reach it through a safetensors file.")
+                                "recorded (async GRPO, docs/vllm.md); grpo.async_grpo.in_flight_weight_updates=true "
+                                "needs it. Weights reach it through a safetensors file.")
 
 
 def check_options(config: Any, options: VLLMConfig, registry: Any) -> list[tuple[str, str]]:
     """Async GRPO overlaps generation with training, which an engine asleep during training cannot do;
-    the async engine has no sleep mode here."""
-    if options.enable_sleep_mode and config.grpo.async_grpo.enabled:
-        return [("policy.generation.vllm.enable_sleep_mode",
-                 "must be false with grpo.async_grpo.enabled=true: a sleeping engine has released its weights and "
-                 "KV cache while the policy trains, so it cannot generate the next steps' rollouts meanwhile; set "
-                 "policy.generation.vllm.enable_sleep_mode=false")]
-    if options.enable_sleep_mode and options.async_engine:
-        return [("policy.generation.vllm.enable_sleep_mode",
-                 "must be false with policy.generation.vllm.async_engine=true: sleep mode is implemented for the "
-                 "in-process engine only; set one of them to false")]
-    return []
+    the async engine has no sleep mode here. The spec declares in_flight_weight_updates for the
+    backend, but only the async engine keeps requests in flight across a weight update: the
+    in-process ``LLM.generate`` holds its whole batch until every row is done."""
+    async_grpo = config.grpo.async_grpo
+    problems = []
+    if async_grpo.enabled and async_grpo.in_flight_weight_updates and not options.async_engine:
+        problems.append(("policy.generation.vllm.async_engine",
+                         "must be true with grpo.async_grpo.in_flight_weight_updates=true: only vLLM's async engine "
+                         "(AsyncLLM) can freeze its requests between two decode steps for a weight update and record "
+                         "which weights sampled each token; the in-process engine finishes its whole batch first. "
+                         "Set policy.generation.vllm.async_engine=true, or "
+                         "grpo.async_grpo.in_flight_weight_updates=false (a weight update then waits for the "
+                         "generation in flight)"))
+    if options.enable_sleep_mode and async_grpo.enabled:
+        problems.append(("policy.generation.vllm.enable_sleep_mode",
+                         "must be false with grpo.async_grpo.enabled=true: a sleeping engine has released its weights "
+                         "and KV cache while the policy trains, so it cannot generate the next steps' rollouts "
+                         "meanwhile; set policy.generation.vllm.enable_sleep_mode=false"))
+    elif options.enable_sleep_mode and options.async_engine:
+        problems.append(("policy.generation.vllm.enable_sleep_mode",
+                         "must be false with policy.generation.vllm.async_engine=true: sleep mode is implemented for "
+                         "the in-process engine only; set one of them to false"))
+    return problems

