@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from grpo_sdk.core.errors import DataError
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.runtime.deadlines import WorkerError
 from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
@@ -45,16 +46,18 @@ def test_the_collector_is_an_actor_and_gives_the_in_process_results(tmp_path):
 
     local = train(trainer_for(tmp_path, "local", *SHORT, *ASYNC))
     trainer = trainer_for(tmp_path, "ray", *SHORT, *ASYNC, *RAY)
-    seen = []
+    seen, titled = [], []
 
     def where(step, metrics):
         collector = trainer.async_rollouts.collector
         seen.append((type(collector), collector.workers[0].pid, collector.workers[0].label))
+        titled.append(collector.workers[0].pid in collector_processes())
 
     on_ray = train(trainer, where)
     assert_same_results(local, on_ray)
     kind, pid, label = seen[0]
     assert kind is RemoteCollector and pid not in (None, os.getpid()) and label == f"collector worker 0 (pid {pid})"
+    assert all(titled)  # what collector_processes looks for, below
     assert [m["train/avg_trajectory_age"] for m in on_ray] == [0.0, 1.0, 1.0, 1.0]
     assert process_gone(pid)  # shut down with the run
 
@@ -114,3 +117,51 @@ def test_a_killed_collector_actor_stops_the_run_naming_it_and_the_run_resumes_ex
 
     resumed = train(trainer_for(tmp_path, "run", *args, *RAY, resume=True))
     assert_same_results(uninterrupted[2:], resumed)
+
+
+REWARD = '''
+def reward(prompts, completions, target, **kwargs):
+    return [float(c.strip() == t) for c, t in zip(completions, target)]
+'''
+
+
+def collector_processes() -> list[int]:
+    """Live processes of collector actors on this machine (Ray titles an actor's process ``ray::Class``)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::CollectorWorker"):
+                    found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@needs_ray
+def test_a_collector_that_cannot_start_stops_the_run_and_leaves_no_worker(tmp_path, ray_cluster, monkeypatch):
+    """Seed bug 16: a startup error of the async pipeline left workers running. Here the collector
+    actor cannot read the data (deleted after the driver read it): the run stops with the data
+    error itself, and every worker of the run, the collector's included, is gone."""
+    (ray_cluster.site / "grpo_test_exact_reward.py").write_text(REWARD)  # importable in every worker
+    monkeypatch.syspath_prepend(str(ray_cluster.site))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"prompt": "{n}>", "target": "{str(n)[::-1]}"}}\n' for n in range(1000, 1040)))
+    trainer = trainer_for(tmp_path, "run", *ASYNC, *RAY, *SHORT, f"data.train_path={data}",
+                          "env.name=reward_functions", "env.reward_functions.functions=[grpo_test_exact_reward:reward]")
+    try:
+        trainer.setup()
+        parts = trainer.components
+        pids = [g.workers[0].pid for g in (parts.policy, parts.generation, parts.environment)]
+        data.unlink()
+        with pytest.raises(DataError) as info:
+            trainer.train()
+    finally:
+        trainer.shutdown()
+        sys.modules.pop("grpo_test_exact_reward", None)
+    assert str(info.value) == f"{data}: no such file or directory"
+    assert all(process_gone(pid) for pid in pids), pids
+    deadline = time.monotonic() + 30
+    while collector_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert collector_processes() == []

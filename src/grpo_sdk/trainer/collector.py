@@ -53,10 +53,14 @@ class TrajectoryCollector:
 
         collector = TrajectoryCollector(step_rollouts, buffer, counters)
         collector.start()
-        collector.grant(A)            # targets 0 .. A at start-up
-        taken = buffer.take(0)        # once buffer.wait_for(0, timeout) is True
+        collector.grant(A)                                   # targets 0 .. A at start-up
+        complete, _, _ = collector.poll(0, timeout=0.25)     # until complete
+        rollouts, metrics, epoch = collector.take(0)
         collector.drain(timeout); sync(version=1); collector.grant(1 + A)
         collector.stop()
+
+    The trainer uses only the methods above the thread's section (``AsyncRollouts``); on Ray they
+    are remote calls to the actor that holds the collector (``trainer/collector_worker.py``).
     """
 
     def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters, *,
