@@ -44,8 +44,9 @@ def test_the_collector_is_an_actor_and_gives_the_in_process_results(tmp_path):
     Ray (a collector actor calling the generation and environment actors itself)."""
     from grpo_sdk.trainer.collector_worker import RemoteCollector
 
-    local = train(trainer_for(tmp_path, "local", *SHORT, *ASYNC))
-    trainer = trainer_for(tmp_path, "ray", *SHORT, *ASYNC, *RAY)
+    validated = ["grpo.val_period=2", "grpo.max_val_samples=16"]  # validation pauses the collector actor
+    local = train(trainer_for(tmp_path, "local", *SHORT, *ASYNC, *validated))
+    trainer = trainer_for(tmp_path, "ray", *SHORT, *ASYNC, *RAY, *validated)
     seen, titled = [], []
 
     def where(step, metrics):
@@ -55,6 +56,8 @@ def test_the_collector_is_an_actor_and_gives_the_in_process_results(tmp_path):
 
     on_ray = train(trainer, where)
     assert_same_results(local, on_ray)
+    assert [m.get("val/accuracy") for m in on_ray] == [m.get("val/accuracy") for m in local]
+    assert sum("val/accuracy" in m for m in on_ray) == 2
     kind, pid, label = seen[0]
     assert kind is RemoteCollector and pid not in (None, os.getpid()) and label == f"collector worker 0 (pid {pid})"
     assert all(titled)  # what collector_processes looks for, below

@@ -173,7 +173,6 @@ class AsyncRollouts:
             complete, put, alive = self.collector.poll(step, POLL_S)
             if complete:
                 break
-            self.collector.check()
             if not alive:
                 raise CollectorStopped(f"the trajectory collector stopped before step {step + 1}'s groups were "
                                        f"complete ({self.collector.status()})")

@@ -172,8 +172,11 @@ class TrajectoryCollector:
         return self.error is not None
 
     def poll(self, target: int, timeout: float) -> tuple[bool, int, bool]:
-        """Wait up to ``timeout`` s for ``target``'s groups: (complete, groups put so far, thread alive)."""
+        """Wait up to ``timeout`` s for ``target``'s groups: (complete, groups put so far, thread
+        alive); the collector's error, if it failed meanwhile, is raised instead."""
         complete = self.buffer.wait_for(target, timeout)
+        if not complete:
+            self.check()
         return complete, self.buffer.groups_put, self.alive
 
     def take(self, target: int) -> tuple[Any, dict[str, float], int]:
