@@ -15,8 +15,9 @@ from grpo_sdk.plugins import tensors, toolkit
 
 TOOLKIT_NAMES = [
     "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps", "background_event_loop",
-    "check_model_source", "dump_config", "free_port", "fsync_dir", "load_pretrained", "load_tokenizer", "node_ip", "non_negative",
-    "pick_device", "positive", "store_address_op", "sum_micro_batches", "tcp_store", "write_text_atomic",
+    "check_model_source", "dump_config", "free_port", "fsync_dir", "import_module_here_too", "load_pretrained",
+    "load_tokenizer", "node_ip", "non_negative", "pick_device", "positive", "store_address_op", "sum_micro_batches",
+    "tcp_store", "write_text_atomic",
 ]
 TENSORS_NAMES = [
     "GroupLayout", "calculate_kl", "masked_mean", "process_logits", "read_weights", "shifted_moments",

@@ -45,10 +45,8 @@ back, else a process-local ``callable:<name>#<n>`` that only this process can re
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import os
-import sys
 import threading
 from typing import Any, Callable, Sequence
 
@@ -56,7 +54,7 @@ import attrs
 
 from grpo_sdk.environments.specs import LOCAL_REFERENCE, NO_FUNCTIONS, RewardFunctionsConfig
 from grpo_sdk.plugins import ConfigError, EnvironmentReturn, EnvironmentStepError, MessageLog, PluginError
-from grpo_sdk.plugins.toolkit import background_event_loop
+from grpo_sdk.plugins.toolkit import background_event_loop, import_module_here_too
 
 KEY = "env.reward_functions.functions"
 RESERVED = ("prompts", "completions")  # argument names: a column of that name is not passed
@@ -97,17 +95,8 @@ def _name_of(fn: Any) -> str:
 
 
 def _import_attribute(module_name: str, attr: str) -> Any:
-    """``module:attr``, the module found among installed packages first, then in the current
-    directory (appended to ``sys.path`` for this import only, as ``grpoctl -p`` does)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.append(cwd)
-    try:
-        obj = importlib.import_module(module_name)
-    finally:
-        if added:
-            sys.path.remove(cwd)
+    """``module:attr``, the module found among installed packages first, then in the current directory."""
+    obj = import_module_here_too(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj

@@ -242,15 +242,10 @@ def import_plugin_module(name: str) -> None:
     """``-p NAME``: import it, finding NAME.py in the current directory too, but after installed packages
     and only for this import (a ./tokenizers.py must not shadow the real one for the whole run)."""
     from grpo_sdk.core.errors import PluginError
+    from grpo_sdk.core.imports import import_module_here_too
 
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.append(os.getcwd())
     try:
-        importlib.import_module(name)
+        import_module_here_too(name)
     except Exception as exc:  # noqa: BLE001 - whatever the module raises, the user asked for it by name
         raise PluginError(f"-p {name}: the hook plugin module could not be imported: {type(exc).__name__}: {exc}"
                           ) from exc
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())

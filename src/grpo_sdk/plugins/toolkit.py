@@ -21,6 +21,8 @@ neither torch nor transformers nor ray; the functions that need them import them
 * Files: ``write_text_atomic`` (old content or all of the new, never a part) and ``fsync_dir``.
 * Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
   components whose caller may already run a loop, as in Jupyter).
+* User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
+  among installed packages first, then in the current directory, for that import only).
 * The machine: ``pick_device`` (``cluster.device`` -> ``"cpu"``/``"cuda"``), ``node_ip`` (this
   node's address), ``free_port``, and, for weight-sync transports running code in Ray workers
   (``grpo_sdk.plugins.WorkerGroup``), ``tcp_store`` (a ``TCPStore`` served on the node's
@@ -43,6 +45,7 @@ from typing import Any
 
 from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
+from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
 from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
 from grpo_sdk.core.models import check_model_source, load_pretrained, load_tokenizer
@@ -91,6 +94,7 @@ __all__ = [
     "dump_config",
     "free_port",
     "fsync_dir",
+    "import_module_here_too",
     "load_pretrained",
     "load_tokenizer",
     "node_ip",
