@@ -80,6 +80,11 @@ def test_each_step_trains_the_groups_its_schedule_says_and_the_recipe_learns(tmp
     first = sum(r["reward/mean"] for r in rows[:10]) / 10
     last = sum(r["reward/mean"] for r in rows[-20:]) / 20
     assert first < 0.15 and last >= 0.8, f"A={a}: reward {first:.3f} -> {last:.3f}"
+    # The collector's idle time, by cause: A steps ahead it waits for the next grant (the age
+    # window), never for the trainer's engine in this schedule (nothing pauses it but validation).
+    idle = [r["timing/collector/generation_limit_pause"] for r in rows]
+    assert all(x >= 0 for x in idle) and sum(x > 0 for x in idle) > len(rows) / 2
+    assert all(r["timing/collector/paused_for_trainer"] >= 0 for r in rows)
 
 
 @pytest.mark.slow

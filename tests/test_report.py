@@ -170,6 +170,8 @@ def async_row(step, max_age, groups=8):
            **{f"train/trajectory_age/{k}": float(k == age) for k in range(max_age + 1)},
            "timing/collector/generation": generation,
            "timing/collector/failed_generation": 0.01 if step == 5 else 0.0,
+           "timing/collector/generation_limit_pause": 0.0 if step <= max_age + 1 else 0.04,
+           "timing/collector/paused_for_trainer": 0.0,
            "timing/exposed_generation": exposed, "timing/logprobs": 1e-5, "timing/train": 0.035,
            "timing/refit_bubble": 0.003 if step == 9 else 0.0, "timing/weight_sync": 0.0005}
     row["timing/step"] = sum(row[k] for k in ASYNC_TRAINER_PHASES) + 0.004
@@ -206,6 +208,7 @@ def test_async_run_gets_async_png_and_its_section(tmp_path, capsys):
     assert f"| exposed generation (mean, trainer waited) | {exposed:.4g} s |" in section
     assert f"| collector generation (mean) | {generation:.4g} s |" in section
     assert f"| collector failed_generation (mean) | {0.01 / 20:.4g} s |" in section
+    assert f"| collector generation_limit_pause (mean) | {0.04 * 17 / 20:.4g} s |" in section
     assert f"| generation hidden behind training | {100 * (1 - exposed / generation):.1f} % |" in section
 
 
@@ -234,7 +237,8 @@ def test_async_plot_data_follows_the_rows(tmp_path):
     assert [sum(f[i] for f in data.age_fractions.values()) for i in range(12)] == [1.0] * 12
     assert data.buffer_size == [r["train/buffer_size"] for r in rows]
     assert data.avg_age == [r["train/avg_trajectory_age"] for r in rows] and data.token_age is None
-    assert list(data.collector) == ["timing/collector/generation", "timing/collector/failed_generation"]
+    assert list(data.collector) == ["timing/collector/generation", "timing/collector/failed_generation",
+                                    "timing/collector/generation_limit_pause", "timing/collector/paused_for_trainer"]
     assert data.exposed == [r["timing/exposed_generation"] for r in rows]
     # step 1 waited longer than the collector generated (scoring, hand-over): nothing hidden, not negative
     assert data.hidden[0] == 0.0

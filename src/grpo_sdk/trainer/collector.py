@@ -83,6 +83,7 @@ class TrajectoryCollector:
         self._paused = False
         self._stopping = False
         self._saved_groups: list[BufferedGroup] = []  # what the last checkpoint_state saved, for write
+        self._idle = {"paused": 0.0, "limit": 0.0}  # seconds waited before the target in progress started
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -188,7 +189,9 @@ class TrajectoryCollector:
                 raise GrpoSdkError(f"step {target + 1} was taken before its groups were complete ({self.status()})")
             result = self.results.pop(target)
         metrics = {**result.metrics, **taken.metrics(), "timing/collector/generation": result.seconds,
-                   "timing/collector/failed_generation": result.failed_seconds}
+                   "timing/collector/failed_generation": result.failed_seconds,
+                   "timing/collector/generation_limit_pause": result.limit_seconds,
+                   "timing/collector/paused_for_trainer": result.paused_seconds}
         return taken.rollouts, metrics, result.epoch
 
     def buffer_size(self) -> int:
@@ -230,9 +233,14 @@ class TrajectoryCollector:
     # --- the thread ---------------------------------------------------------------------------
 
     def _next_target(self) -> int | None:
+        """Wait for a target to generate; the wait is counted as the seed's efficiency categories:
+        ``paused`` (the trainer has the engine: a refit or validation) or ``limit`` (every granted
+        target is generated: the age window is full, generation is ahead of training)."""
         with self._cond:
             while not self._stopping and (self._paused or self.generated_through >= self.granted_through):
+                why, since = ("paused" if self._paused else "limit"), time.perf_counter()
                 self._cond.wait(0.25)
+                self._idle[why] += time.perf_counter() - since
             if self._stopping:
                 return None
             self._busy = True
@@ -294,7 +302,9 @@ class TrajectoryCollector:
                         self.buffer.put(group)
                     self.generation_seconds += seconds
                     self.results[target] = TargetResult(metrics=metrics, seconds=seconds, epoch=epoch,
-                                                        failed_seconds=wasted)
+                                                        failed_seconds=wasted, limit_seconds=self._idle["limit"],
+                                                        paused_seconds=self._idle["paused"])
+                    self._idle = {"paused": 0.0, "limit": 0.0}
                     self.generated_through = target
                     self._busy = False
                     self._cond.notify_all()
@@ -316,6 +326,8 @@ class TargetResult:
     seconds: float
     epoch: int
     failed_seconds: float = 0.0  # spent in failed attempts before the one that succeeded
+    limit_seconds: float = 0.0  # idle before it started: every granted target was generated (the age window)
+    paused_seconds: float = 0.0  # idle before it started: paused while the trainer had the engine
 
 
 def complete_through(buffer: ReplayBuffer, step: int) -> int:
