@@ -28,7 +28,9 @@ steps counts; set-up and the pipeline's first fill do not); the sum of ``timing/
 metrics.jsonl is printed next to it as a cross-check. Time (and samples) to the threshold: from the
 end of set-up to the first step whose trailing 10-step mean of ``reward/mean`` reaches it. Reward
 per sample: the mean ``reward/mean`` of the last 10 steps (every contender trains the same rows per
-step and the same number of steps).
+step and the same number of steps), and the reward curve: that trailing mean after 25/50/75/100% of
+the run's samples, per round, with each async contender's difference from sync and the standard
+error of that difference from the spread across rounds (seeds).
 
 Run from the repo root (about 8 minutes with the defaults on 2 cores)::
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import statistics
 import sys
@@ -65,7 +68,8 @@ if str(HERE) not in sys.path:  # async_envs is loaded as a hook plugin module (-
     sys.path.insert(0, str(HERE))
 
 PLUGINS = ["async_envs"]
-WINDOW = 10  # steps in the trailing reward mean (threshold) and in the final reward
+WINDOW = 10  # steps in the trailing reward mean (threshold, curve) and in the final reward
+CURVE_AT = (0.25, 0.5, 0.75, 1.0)  # fractions of the run's samples where the reward curve is printed
 BASE = ["grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false", "logger.loggers=[jsonl]",
         "cluster.num_threads=1"]
 CONTENDERS = {
@@ -131,7 +135,11 @@ class Run:
         return None
 
     def final_reward(self) -> float:
-        return statistics.mean(m["reward/mean"] for m in self.metrics[-WINDOW:])
+        return self.trailing_reward(len(self.metrics))
+
+    def trailing_reward(self, steps: int) -> float:
+        """Mean ``reward/mean`` of the WINDOW steps ending at step ``steps`` (fewer at the start)."""
+        return statistics.mean(m["reward/mean"] for m in self.metrics[max(0, steps - WINDOW):steps])
 
     def median(self, key: str) -> float | None:
         values = [m[key] for m in self.metrics[1:] if key in m]
@@ -254,6 +262,54 @@ def report(scenario: Scenario, runs: list[Run], contenders: list[str], skip: int
         spread = max(sync_rewards) - min(sync_rewards) if len(sync_rewards) > 1 else float("nan")
         print(f"{contender}: samples/s x{statistics.mean(r.samples_per_s(skip) for r in rs) / base:.2f} of sync; "
               f"final reward {diff:+.3f} against sync (sync's spread across seeds {spread:.3f})")
+    report_curve(by)
+
+
+def checkpoints(steps: int) -> list[int]:
+    """The steps at CURVE_AT of the run's samples (every contender trains the same rows per step)."""
+    return sorted({max(1, round(q * steps)) for q in CURVE_AT})
+
+
+def difference(runs: list[Run], sync: list[Run], steps: int) -> tuple[float, float]:
+    """Mean trailing reward of ``runs`` minus sync's at ``steps``, and the standard error of that
+    difference from the spread across rounds (seeds); NaN with one round, where there is no spread."""
+    a, s = [r.trailing_reward(steps) for r in runs], [r.trailing_reward(steps) for r in sync]
+    if len(a) < 2 or len(s) < 2:
+        return statistics.mean(a) - statistics.mean(s), float("nan")
+    return (statistics.mean(a) - statistics.mean(s),
+            (statistics.variance(a) / len(a) + statistics.variance(s) / len(s)) ** 0.5)
+
+
+def report_curve(by: dict[str, list[Run]]) -> None:
+    """The reward curve per sample: trailing rewards at a few sample counts, so a reader sees whether
+    the contenders' curves overlap, not only where they end. Within noise: |difference| <= 2 standard
+    errors, the normal 95% (with 2-3 seeds a t-test would allow more, so this calls a gap sooner); it
+    means "no evidence of a gap", not "equal"."""
+    first = next(rs[0] for rs in by.values() if rs)
+    steps = checkpoints(len(first.metrics))
+    heads = [f"{first.rows * s} rows ({s} steps)" for s in steps]
+    width = max(26, *(len(h) for h in heads))
+    print(f"\nreward per sample: trailing {WINDOW}-step mean of reward/mean after "
+          f"{'/'.join(f'{q:.0%}' for q in CURVE_AT)} of the samples, rounds in brackets")
+    print(f"{'contender':<10} " + " ".join(h.rjust(width) for h in heads))
+    for contender, rs in by.items():
+        if not rs:
+            continue
+        cells = []
+        for s in steps:
+            values = [r.trailing_reward(s) for r in rs]
+            cells.append(f"{statistics.mean(values):.3f} ({' '.join(f'{v:.3f}' for v in values)})".rjust(width))
+        print(f"{contender:<10} " + " ".join(cells))
+    for contender, rs in by.items():
+        if contender == "sync" or not rs or not by.get("sync"):
+            continue
+        diffs = [difference(rs, by["sync"], s) for s in steps]
+        if any(math.isnan(se) for _, se in diffs):
+            verdict = "one round: no seed spread to judge noise by"
+        else:
+            verdict = f"within noise (|diff| <= 2 SE) at {sum(abs(d) <= 2 * se for d, se in diffs)} of {len(steps)}"
+        print(f"{contender} - sync: " + ", ".join(f"{d:+.3f} +/- {se:.3f}" for d, se in diffs)
+              + f" (diff +/- SE); {verdict}")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ the environments it trains on behave as documented (benchmarks/async_envs.py).""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -43,7 +44,7 @@ def test_async_vs_sync_prints_the_table():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "(b) 0.2 s per scoring call" in out and "samples/s" in out and "x sync" in out
-    rows = {m.group(1): m for m in re.finditer(r"^(sync|async A=1)\s+([\d.]+)\s+([\d.]+) \(", out, re.MULTILINE)}
+    rows = {m.group(1): m for m in re.finditer(r"^(sync|async A=1)\s+([\d.]+)\s+([\d.]+) \(.*$", out, re.MULTILINE)}
     assert set(rows) == {"sync", "async A=1"}, out
     assert float(rows["sync"].group(3)) == 1.0
     sync, asyn = float(rows["sync"].group(2)), float(rows["async A=1"].group(2))
@@ -52,6 +53,14 @@ def test_async_vs_sync_prints_the_table():
     assert sync < 128 / 0.2 and asyn < 128 / 0.2
     ratio = re.search(r"^async A=1: samples/s x([\d.]+) of sync", out, re.MULTILINE)
     assert ratio and abs(float(ratio.group(1)) - asyn / sync) < 0.02
+    # the reward curve: 3 steps give checkpoints at steps 1, 2, 3 (25% rounds to 1, 75% to 2)
+    assert re.search(r"^contender\s+128 rows \(1 steps\)\s+256 rows \(2 steps\)\s+384 rows \(3 steps\)$", out,
+                     re.MULTILINE), out
+    final = {c: re.search(r"([\d.]+) \([\d.]+\)\s*$", m.group(0)).group(1) for c, m in rows.items()}
+    curve = {m.group(1): m.group(2) for m in re.finditer(r"^(sync|async A=1)(?:\s+[\d.]+ \([\d.]+\)){2}\s+([\d.]+) "
+                                                          r"\([\d.]+\)$", out, re.MULTILINE)}
+    assert set(curve) == {"sync", "async A=1"} and curve == final, out  # 100% of the samples is the final reward
+    assert "async A=1 - sync: " in out and "one round: no seed spread" in out
     assert re.search(r"load avg \d", out)
     assert time.perf_counter() - start < 60
 
@@ -61,6 +70,56 @@ def test_bad_options_exit_2_with_the_reason():
     assert proc.returncode == 2 and "--steps must be at least 3" in proc.stderr
     proc = bench("--contenders", "async A=1", timeout=60)
     assert proc.returncode == 2 and "must include sync" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def script():
+    """benchmarks/async_vs_sync.py as a module, without leaving its process settings behind."""
+    import importlib
+
+    import torch
+
+    environ, threads, path = dict(os.environ), torch.get_num_threads(), list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("async_vs_sync")
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        sys.path[:] = path
+        sys.modules.pop("async_vs_sync", None)
+
+
+def synthetic_run(script, contender: str, round_: int, rewards: list[float]):
+    run = script.Run(contender, round_, rows=128)
+    run.metrics = [{"reward/mean": r} for r in rewards]
+    run.times = [float(i) for i in range(len(rewards))]
+    return run
+
+
+def test_reward_curve_checkpoints_and_noise(script, capsys):
+    assert script.checkpoints(200) == [50, 100, 150, 200]
+    assert script.checkpoints(3) == [1, 2, 3]
+    ramp = synthetic_run(script, "sync", 0, [0.1 * i for i in range(30)])
+    assert ramp.trailing_reward(3) == pytest.approx(0.1)  # fewer than WINDOW steps: the ones there are
+    assert ramp.trailing_reward(30) == pytest.approx(2.45)  # steps 21-30 only
+    assert ramp.final_reward() == ramp.trailing_reward(30)
+    # sync: one constant reward per seed (0.1, 0.2, 0.3); async 0.1 above it for 20 steps (inside the
+    # seed noise: SE 0.082), then 0.5 above (outside); the window at step 20 still sees only the first part
+    sync = [synthetic_run(script, "sync", r, [0.1 * (r + 1)] * 40) for r in range(3)]
+    asyn = [synthetic_run(script, "async A=1", r, [0.1 * (r + 2)] * 20 + [0.1 * (r + 1) + 0.5] * 20)
+            for r in range(3)]
+    diff, se = script.difference(asyn, sync, 20)
+    assert diff == pytest.approx(0.1) and se == pytest.approx((0.01 / 3 * 2) ** 0.5)
+    assert script.difference(asyn, sync, 30)[0] == pytest.approx(0.5)
+    assert math.isnan(script.difference(asyn[:1], sync[:1], 20)[1])
+    script.report_curve({"sync": sync, "async A=1": asyn})
+    out = capsys.readouterr().out
+    assert re.search(r"^sync\s+0\.200 \(0\.100 0\.200 0\.300\)", out, re.MULTILINE), out
+    assert re.search(r"^async A=1 .* 0\.700 \(0\.600 0\.700 0\.800\)$", out, re.MULTILINE), out
+    assert "async A=1 - sync: +0.100 +/- 0.082, +0.100 +/- 0.082, +0.500 +/- 0.082, +0.500 +/- 0.082" in out
+    assert "within noise (|diff| <= 2 SE) at 2 of 4" in out
 
 
 def log(answer: str) -> list[Message]:
