@@ -20,7 +20,10 @@ Scenarios (``--scenarios``):
 * ``c4`` (not in the default run): scenario c on a 4-layer d128 GPT-2 (0.8M parameters), where
   the model's kernels (which release the GIL) outweigh the Python around them;
 * ``d``: scenario b on Ray (``cluster.runtime=ray``, ``policy.generation.colocated.enabled=false``:
-  one policy worker, one generation worker, one environment actor).
+  one policy worker, one generation worker, one environment actor; async: the collector actor);
+* ``e`` (not in the default run): scenario c, sync and async in-process against async on Ray,
+  where the collector and generation run in processes of their own (no shared GIL with training):
+  the thread-or-process question of design/async-grpo.md §3.6, measured.
 
 Measured per run: samples/s = rows trained per wall second of the training loop, from the end of
 step ``--skip`` to the end of the last step (the ``on_step`` callback's clock: everything between
@@ -78,6 +81,9 @@ CONTENDERS = {
                   "grpo.async_grpo.max_trajectory_age_steps=1"],
     "async A=2": ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                   "grpo.async_grpo.max_trajectory_age_steps=2"],
+    "async A=1 Ray": ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
+                      "grpo.async_grpo.max_trajectory_age_steps=1", "cluster.runtime=ray",
+                      "policy.generation.colocated.enabled=false"],
 }
 LATENCY = ["env.name=slow_reverse_digits", "env.slow_reverse_digits.latency_s=0.2"]
 LONG_TAIL = ["env.name=longtail_reverse", "policy.generation.max_new_tokens=48",
@@ -107,6 +113,9 @@ SCENARIOS = {
     "d": Scenario("(d) = (b) on Ray, separate generation and policy workers", LATENCY + RAY, 30, 0.2,
                   ("sync", "async A=1"), model={"n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 64},
                   ray=True),
+    "e": Scenario("(e) = (c), async in-process against async on Ray", LONG_TAIL, 60, 0.1,
+                  ("sync", "async A=1", "async A=1 Ray"),
+                  model={"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128}, ray=True),
 }
 
 
