@@ -247,6 +247,9 @@ def test_checkpoints_load_across_world_sizes(runs, name):
     for file in ("model.safetensors", "optimizer.safetensors"):
         a, b = load_file(str(dp_dir / file)), load_file(str(single_dir / file))
         assert sorted(a) == sorted(b)
+        if file == "model.safetensors":  # Adam's amplified rounding, as in assert_weights_equal
+            assert_weights_equal(dict(sorted(a.items())), dict(sorted(b.items())))
+            continue
         for key in b:
             torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
     meta_dp, meta_single = (json.loads((d / "optimizer.json").read_text()) for d in (dp_dir, single_dir))
