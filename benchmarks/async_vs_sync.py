@@ -217,7 +217,7 @@ def run_scenario(key: str, scenario: Scenario, args: argparse.Namespace, work: P
             start = time.perf_counter()
             run = train(scenario, contender, round_, steps, work / key, model_dir)
             runs.append(run)
-            print(f"  round {round_ + 1} {contender:<10} {time.perf_counter() - start:6.1f} s, "
+            print(f"  round {round_ + 1} {contender:<13} {time.perf_counter() - start:6.1f} s, "
                   f"{run.samples_per_s(args.skip):7.1f} samples/s, final reward {run.final_reward():.3f}; {load()}",
                   flush=True)
     report(scenario, runs, contenders, args.skip)
@@ -231,7 +231,7 @@ def report(scenario: Scenario, runs: list[Run], contenders: list[str], skip: int
     print(f"\n{scenario.title}: rows {runs[0].rows}/step, {len(runs[0].times)} steps; per-round values "
           f"in brackets; reward = mean reward/mean of the last {WINDOW} steps; threshold {thr} "
           f"(trailing {WINDOW}-step mean); {load()}")
-    header = (f"{'contender':<10} {'samples/s':>9} {'x sync':>7} {'(rounds)':<20} {'timed':>7} {'s/step':>7} "
+    header = (f"{'contender':<13} {'samples/s':>9} {'x sync':>7} {'(rounds)':<20} {'timed':>7} {'s/step':>7} "
               f"{'train':>6} {'gen+score':>9} {'wait':>6} {'bubble':>6} {'steps to':>8} {'s to':>6} "
               f"{'reward':>6} {'(rounds)':<16}")
     print(header)
@@ -252,7 +252,7 @@ def report(scenario: Scenario, runs: list[Run], contenders: list[str], skip: int
             return f"{statistics.mean(values):.3f}" if values else "-"
 
         rewards = [r.final_reward() for r in rs]
-        print(f"{contender:<10} {statistics.mean(sps):9.1f} {ratio} {'(' + ' '.join(f'{s:.1f}' for s in sps) + ')':<20} "
+        print(f"{contender:<13} {statistics.mean(sps):9.1f} {ratio} {'(' + ' '.join(f'{s:.1f}' for s in sps) + ')':<20} "
               f"{statistics.mean(r.timed_samples_per_s(skip) for r in rs):7.1f} "
               f"{runs[0].rows / statistics.mean(sps):7.3f} {ms('timing/train'):>6} {ms(gen):>9} {ms(wait):>6} "
               f"{ms('timing/refit_bubble'):>6} {steps_to:>8} {time_to:>6} {statistics.mean(rewards):6.3f} "
@@ -300,7 +300,7 @@ def report_curve(by: dict[str, list[Run]]) -> None:
     width = max(26, *(len(h) for h in heads))
     print(f"\nreward per sample: trailing {WINDOW}-step mean of reward/mean after "
           f"{'/'.join(f'{q:.0%}' for q in CURVE_AT)} of the samples, rounds in brackets")
-    print(f"{'contender':<10} " + " ".join(h.rjust(width) for h in heads))
+    print(f"{'contender':<13} " + " ".join(h.rjust(width) for h in heads))
     for contender, rs in by.items():
         if not rs:
             continue
@@ -308,7 +308,7 @@ def report_curve(by: dict[str, list[Run]]) -> None:
         for s in steps:
             values = [r.trailing_reward(s) for r in rs]
             cells.append(f"{statistics.mean(values):.3f} ({' '.join(f'{v:.3f}' for v in values)})".rjust(width))
-        print(f"{contender:<10} " + " ".join(cells))
+        print(f"{contender:<13} " + " ".join(cells))
     for contender, rs in by.items():
         if contender == "sync" or not rs or not by.get("sync"):
             continue
