@@ -75,20 +75,18 @@ WINDOW = 10  # steps in the trailing reward mean (threshold, curve) and in the f
 CURVE_AT = (0.25, 0.5, 0.75, 1.0)  # fractions of the run's samples where the reward curve is printed
 BASE = ["grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false", "logger.loggers=[jsonl]",
         "cluster.num_threads=1"]
+RAY = ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"]
 CONTENDERS = {
     "sync": [],
     "async A=1": ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                   "grpo.async_grpo.max_trajectory_age_steps=1"],
     "async A=2": ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
                   "grpo.async_grpo.max_trajectory_age_steps=2"],
-    "async A=1 Ray": ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true",
-                      "grpo.async_grpo.max_trajectory_age_steps=1", "cluster.runtime=ray",
-                      "policy.generation.colocated.enabled=false"],
 }
+CONTENDERS["async A=1 Ray"] = CONTENDERS["async A=1"] + RAY  # the collector and generation in processes
 LATENCY = ["env.name=slow_reverse_digits", "env.slow_reverse_digits.latency_s=0.2"]
 LONG_TAIL = ["env.name=longtail_reverse", "policy.generation.max_new_tokens=48",
              "policy.max_total_sequence_length=96"]
-RAY = ["cluster.runtime=ray", "policy.generation.colocated.enabled=false"]
 
 
 @attrs.frozen

@@ -38,11 +38,12 @@ POLL_S = 0.25  # how often a waiting trainer looks at the collector's health
 REPORT_EVERY_S = 60.0  # a long wait says what it waits for this often
 
 
-def rewind_to_cut(state: Any, prompts: Any) -> None:
-    """Move the data frontier back to the lowest untrained target (a no-op for a synchronous
-    checkpoint, which has drawn nothing ahead)."""
-    if state.rollouts.get("cut") is not None:
-        rewind_to(state.rollouts["cut"], state, prompts)
+def rewind_to_cut(saved: dict[str, Any], counters: Any, prompts: Any) -> None:
+    """Move the data frontier back to the lowest untrained target, the cut a checkpoint's
+    ``TrainerState.rollouts`` (``saved``) holds (a no-op for a synchronous checkpoint, which has
+    drawn nothing ahead)."""
+    if saved.get("cut") is not None:
+        rewind_to(saved["cut"], counters, prompts)
 
 
 def rewind_to(frontier: dict[str, Any], counters: Any, prompts: Any) -> None:
@@ -75,8 +76,8 @@ def open_collector(config: Any, step_rollouts: StepRollouts, counters: Any, *, s
                       f"{step + 1}", file=sys.stderr, flush=True)
             elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
                 rewind_to(saved["resume"], counters, prompts)
-        if buffer is None and saved.get("cut") is not None:
-            rewind_to(saved["cut"], counters, prompts)
+        if buffer is None:
+            rewind_to_cut(saved, counters, prompts)
     collector = TrajectoryCollector(step_rollouts, buffer or ReplayBuffer(**settings, taken_through=step - 1),
                                     counters, generated_through=generated_through,
                                     num_threads=config.cluster.num_threads, max_failures=a.max_generation_failures)

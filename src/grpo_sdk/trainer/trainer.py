@@ -519,7 +519,7 @@ class GRPOTrainer:
         random.setstate((version, tuple(internal), gauss))
         parts.prompts.load_state_dict(self.state.data)
         if not self.config.grpo.async_grpo.enabled:  # an async run's checkpoint drew ahead of training
-            rewind_to_cut(self.state, parts.prompts)
+            rewind_to_cut(self.state.rollouts, self.state, parts.prompts)
         self.restored_from = directory
         self.last_saved_step = self.state.step
 
