@@ -10,6 +10,11 @@ with benchmarks/ on the path; Ray workers get the module the same way).
   over the longer of answer and target (``reverse_digits``' reward), so an answer must also stop at
   the right length. Per scoring call it reports the response lengths' median, p90 and max
   (tokens, the stop token included), so the tail shows in metrics.jsonl (``env/length_p50`` ...).
+* ``longtail_repeat``: the same lengths and reward, but the prompt is one digit repeated (``"7777>"``)
+  and the answer repeats it as often and stops: a task the tiny model learns within ~100 steps
+  (the right digit first, then where to stop), so the reward per sample can be compared where
+  reversal does not learn in a feasible budget. With ``min_digits = max_digits`` the length is
+  fixed, and with ``latency_s`` it is scenario (b)'s judge on a task that learns.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class LongTailConfig:
                              validator=attrs.validators.gt(0))
     alpha: float = option(1.2, "Pareto shape of the string length: smaller is a heavier tail.",
                           validator=attrs.validators.gt(0.0))
+    latency_s: float = option(0.0, "Seconds every scoring call sleeps before scoring (a remote judge's latency).",
+                              validator=attrs.validators.ge(0.0))
 
     def num_reward_components(self) -> int:
         return 1
@@ -75,6 +82,7 @@ class LongTailReverse:
         return prompts
 
     def step(self, message_logs, metadata) -> EnvironmentReturn:
+        time.sleep(self.config.latency_s)
         answers = [log[-1].content for log in message_logs]
         rewards = [correct_positions(a, m["target"]) for a, m in zip(answers, metadata)]
         lengths = [len(log[-1].token_ids) or len(log[-1].content) for log in message_logs]  # tokens, stop included
@@ -83,6 +91,15 @@ class LongTailReverse:
             "exact_match": sum(a == m["target"] for a, m in zip(answers, metadata)) / max(1, len(answers)),
             "length_p50": statistics.median(lengths) if lengths else 0.0, "length_p90": percentile(lengths, 0.9),
             "length_max": float(max(lengths, default=0)), "target_length_max": float(max(targets, default=0))})
+
+
+class LongTailRepeat(LongTailReverse):
+    def sample_prompts(self, num_prompts: int, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
+        prompts = []
+        for _ in range(num_prompts):
+            digits = rng.choice("0123456789") * pareto_length(rng, self.config)
+            prompts.append((f"{digits}>", {"target": digits}))
+        return prompts
 
 
 SPECS = [
@@ -94,6 +111,10 @@ SPECS = [
                   config=f"{__name__}:LongTailConfig", capabilities={"generates_prompts"},
                   metrics={"exact_match", "length_p50", "length_p90", "length_max", "target_length_max"},
                   summary="reverse digit strings of Pareto-distributed length (long-tailed responses)"),
+    ComponentSpec(name="longtail_repeat", kind="environment", impl=f"{__name__}:LongTailRepeat",
+                  config=f"{__name__}:LongTailConfig", capabilities={"generates_prompts"},
+                  metrics={"exact_match", "length_p50", "length_p90", "length_max", "target_length_max"},
+                  summary="repeat one digit as often as the prompt does, Pareto-distributed lengths"),
 ]
 
 

@@ -85,6 +85,8 @@ CONTENDERS = {
 }
 CONTENDERS["async A=1 Ray"] = CONTENDERS["async A=1"] + RAY  # the collector and generation in processes
 LATENCY = ["env.name=slow_reverse_digits", "env.slow_reverse_digits.latency_s=0.2"]
+LONG_TAIL_REPEAT = ["env.name=longtail_repeat", "policy.generation.max_new_tokens=48",
+                    "policy.max_total_sequence_length=96"]
 LONG_TAIL = ["env.name=longtail_reverse", "policy.generation.max_new_tokens=48",
              "policy.max_total_sequence_length=96"]
 
@@ -106,6 +108,12 @@ SCENARIOS = {
                   model={"n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 64}),
     "c": Scenario("(c) long-tailed response lengths", LONG_TAIL, 60, 0.1, ("sync", "async A=1"),
                   model={"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128}),
+    "br": Scenario("(br) = (b) with a task the model learns (repeat a digit 5 times)",
+                   ["env.name=longtail_repeat", "env.longtail_repeat.min_digits=5", "env.longtail_repeat.max_digits=5",
+                    "env.longtail_repeat.latency_s=0.2"], 150, 0.5, ("sync", "async A=1", "async A=2"),
+                   model={"n_embd": 256, "n_layer": 4, "n_head": 4, "n_positions": 64}),
+    "cr": Scenario("(cr) = (c) with a task the model learns (repeat a digit)", LONG_TAIL_REPEAT, 100, 0.5,
+                   ("sync", "async A=1"), model={"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128}),
     "c4": Scenario("(c4) = (c) on a 4-layer d128 GPT-2", LONG_TAIL, 30, 0.1, ("sync", "async A=1"),
                    model={"n_embd": 128, "n_layer": 4, "n_head": 4, "n_positions": 128}),
     "d": Scenario("(d) = (b) on Ray, separate generation and policy workers", LATENCY + RAY, 30, 0.2,

@@ -151,3 +151,18 @@ def test_longtail_lengths_have_a_tail(async_envs):
     got = env.step([log(meta["target"]), log("x")], [meta, meta])
     assert got.rewards["correct_digits"][0] == 1.0 and got.rewards["correct_digits"][1] < 1.0
     assert got.metrics["exact_match"] == 0.5 and got.metrics["length_max"] == len(meta["target"])
+
+
+def test_longtail_repeat_prompts_one_digit_and_its_judge_sleeps(async_envs):
+    cfg = async_envs.LongTailConfig(min_digits=2, max_digits=40, alpha=1.2)
+    prompts = async_envs.LongTailRepeat(cfg, None).sample_prompts(500, random.Random(0))
+    assert all(p == m["target"] + ">" and len(set(m["target"])) == 1 for p, m in prompts)
+    lengths = [len(m["target"]) for _, m in prompts]
+    assert min(lengths) == 2 and max(lengths) >= 20  # the same Pareto lengths as longtail_reverse
+    fixed = async_envs.LongTailRepeat(async_envs.LongTailConfig(min_digits=5, max_digits=5, latency_s=0.2), None)
+    meta = [m for _, m in fixed.sample_prompts(2, random.Random(1))]
+    assert [len(m["target"]) for m in meta] == [5, 5]
+    start = time.perf_counter()
+    got = fixed.step([log(meta[0]["target"]), log(meta[1]["target"][:4])], meta)
+    assert time.perf_counter() - start >= 0.2
+    assert got.rewards["correct_digits"] == [1.0, 0.8]
