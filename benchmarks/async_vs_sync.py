@@ -71,6 +71,7 @@ if str(HERE) not in sys.path:  # async_envs is loaded as a hook plugin module (-
     sys.path.insert(0, str(HERE))
 
 PLUGINS = ["async_envs"]
+SEED = 42  # round r (from 0) uses grpo.seed and the model's init seed SEED + r
 WINDOW = 10  # steps in the trailing reward mean (threshold, curve) and in the final reward
 CURVE_AT = (0.25, 0.5, 0.75, 1.0)  # fractions of the run's samples where the reward curve is printed
 BASE = ["grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false", "logger.loggers=[jsonl]",
@@ -170,7 +171,7 @@ def train(scenario: Scenario, contender: str, round_: int, steps: int, work: Pat
     import grpo_sdk
     from grpo_sdk.trainer.launch import open_run, run_trainer
 
-    overrides = [*BASE, f"grpo.max_num_steps={steps}", f"grpo.seed={42 + round_}", *scenario.overrides,
+    overrides = [*BASE, f"grpo.max_num_steps={steps}", f"grpo.seed={SEED + round_}", *scenario.overrides,
                  *CONTENDERS[contender]]
     if model_dir is not None:
         overrides.append(f"policy.model_name={model_dir}")
@@ -198,7 +199,7 @@ def build_model(scenario: Scenario, round_: int, work: Path) -> Path | None:
         return None
     from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
 
-    return build_tiny_gpt2(work / f"model-r{round_}", 42 + round_, **scenario.model)
+    return build_tiny_gpt2(work / f"model-r{round_}", SEED + round_, **scenario.model)
 
 
 def start_ray() -> None:
@@ -213,11 +214,13 @@ def start_ray() -> None:
 
 def run_scenario(key: str, scenario: Scenario, args: argparse.Namespace, work: Path) -> list[Run]:
     steps = args.steps or scenario.steps
+    scenario = attrs.evolve(scenario, overrides=[*scenario.overrides, *args.set],
+                            threshold=scenario.threshold if args.threshold is None else args.threshold)
     contenders = [c for c in scenario.contenders if args.contenders is None or c in args.contenders]
     print(f"\n{scenario.title}: {steps} steps, {args.rounds} round(s), contenders {', '.join(contenders)}; "
           f"{load()}", flush=True)
     runs = []
-    for round_ in range(args.rounds):
+    for round_ in range(args.seed - SEED, args.seed - SEED + args.rounds):
         model_dir = build_model(scenario, round_, work / key)
         for contender in contenders:
             start = time.perf_counter()
@@ -335,10 +338,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the scenario's)")
     parser.add_argument("--contenders", nargs="*", default=None, choices=list(CONTENDERS),
                         help="contenders to run (default: the scenario's); sync is the baseline")
+    parser.add_argument("--seed", type=int, default=SEED, help="the first round's seed (more seeds in a later run)")
+    parser.add_argument("--threshold", type=float, default=None, help="reward threshold (default: the scenario's)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides added to the scenario's, for every contender")
     parser.add_argument("--skip", type=int, default=2, help="steps left out of samples/s (warm-up, pipeline fill)")
     args = parser.parse_args()
     if args.contenders is not None and "sync" not in args.contenders:
         parser.error("--contenders must include sync (the baseline of every ratio)")
+    if args.seed < SEED:
+        parser.error(f"--seed must be at least {SEED} (round r uses seed {SEED} + r)")
     if args.steps is not None and args.steps < 3:
         parser.error("--steps must be at least 3")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_NUM_THREADS="

@@ -70,6 +70,8 @@ def test_bad_options_exit_2_with_the_reason():
     assert proc.returncode == 2 and "--steps must be at least 3" in proc.stderr
     proc = bench("--contenders", "async A=1", timeout=60)
     assert proc.returncode == 2 and "must include sync" in proc.stderr
+    proc = bench("--seed", "41", timeout=60)
+    assert proc.returncode == 2 and "--seed must be at least 42" in proc.stderr
 
 
 @pytest.fixture(scope="module")
