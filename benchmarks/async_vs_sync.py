@@ -19,6 +19,9 @@ Scenarios (``--scenarios``):
   model's shape with 128 positions; training ~0.2 s against generation ~0.2 s;
 * ``c4`` (not in the default run): scenario c on a 4-layer d128 GPT-2 (0.8M parameters), where
   the model's kernels (which release the GIL) outweigh the Python around them;
+* ``br`` and ``cr`` (not in the default run): b and c on ``longtail_repeat`` (repeat one digit, 5
+  times for br, Pareto lengths for cr), a task these models learn within 150 steps, for the
+  reward per sample that b's and c's reversal cannot show in a feasible budget;
 * ``d``: scenario b on Ray (``cluster.runtime=ray``, ``policy.generation.colocated.enabled=false``:
   one policy worker, one generation worker, one environment actor; async: the collector actor);
 * ``e`` (not in the default run): scenario c, sync and async in-process against async on Ray,
