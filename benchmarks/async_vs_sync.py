@@ -89,10 +89,9 @@ CONTENDERS = {
 }
 CONTENDERS["async A=1 Ray"] = CONTENDERS["async A=1"] + RAY  # the collector and generation in processes
 LATENCY = ["env.name=slow_reverse_digits", "env.slow_reverse_digits.latency_s=0.2"]
-LONG_TAIL_REPEAT = ["env.name=longtail_repeat", "policy.generation.max_new_tokens=48",
-                    "policy.max_total_sequence_length=96"]
-LONG_TAIL = ["env.name=longtail_reverse", "policy.generation.max_new_tokens=48",
-             "policy.max_total_sequence_length=96"]
+LONG_ANSWERS = ["policy.generation.max_new_tokens=48", "policy.max_total_sequence_length=96"]
+LONG_TAIL = ["env.name=longtail_reverse", *LONG_ANSWERS]
+LONG_TAIL_REPEAT = ["env.name=longtail_repeat", *LONG_ANSWERS]
 
 
 @attrs.frozen
