@@ -227,17 +227,19 @@ class RewardFunctionsEnvironment:
         env.step([log], [{"answer": "4"}]).rewards   # {"correctness": [1.0]}
     """
 
-    def __init__(self, config: RewardFunctionsConfig | None, context: Any):
+    def __init__(self, config: RewardFunctionsConfig | None, context: Any, *, key: str = KEY,
+                 weights_key: str = "env.reward_functions.weights"):
+        # key, weights_key: where errors point when another environment holds the functions
+        # (reward_model's rule_functions).
         if config is None or not config.functions:
-            raise ConfigError([(KEY, NO_FUNCTIONS)])
+            raise ConfigError([(key, NO_FUNCTIONS)])
         self.config = config
         weights = config.weights if config.weights is not None else [1.0] * len(config.functions)
         if len(weights) != len(config.functions):  # the config check says so first; a direct caller too
-            raise ConfigError([("env.reward_functions.weights",
-                                f"{len(weights)} weights for {len(config.functions)} functions")])
-        found = [(entry, resolve(entry, f"{KEY}[{i}]")) for i, entry in enumerate(config.functions)]
+            raise ConfigError([(weights_key, f"{len(weights)} weights for {len(config.functions)} functions")])
+        found = [(entry, resolve(entry, f"{key}[{i}]")) for i, entry in enumerate(config.functions)]
         names = _unique_names([_name_of(fn) for _, fn in found])
-        self.functions = [RewardFunction.of(entry, name, fn, float(w), f"{KEY}[{i}]")
+        self.functions = [RewardFunction.of(entry, name, fn, float(w), f"{key}[{i}]")
                           for i, ((entry, fn), name, w) in enumerate(zip(found, names, weights))]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()

@@ -7,12 +7,12 @@ needs no dataset (synthetic tasks), for training or validation.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import MAX_THREADS
+from grpo_sdk.plugins.toolkit import MAX_THREADS, MAX_TOKENS
 from grpo_sdk.plugins import ComponentSpec
 
 
@@ -105,24 +105,31 @@ class RewardFunctionsConfig:
 def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
     if options is None or not options.functions:  # a default is not validated: an absent key lands here
         return [("env.reward_functions.functions", NO_FUNCTIONS)]
+    return function_problems(options.functions, options.weights, "env.reward_functions.functions",
+                             "env.reward_functions.weights")
+
+
+def function_problems(functions: list[str], weights: list[float] | None, key: str,
+                      weights_key: str) -> list[tuple[str, str]]:
+    """What is wrong with a list of reward functions and their weights (``functions[i]`` at
+    ``key[i]``): the environments that call such functions share it."""
     problems = []
-    if options.weights is not None and len(options.weights) != len(options.functions):
-        problems.append(("env.reward_functions.weights", f"{len(options.weights)} weights for "
-                         f"{len(options.functions)} functions (env.reward_functions.functions); give one weight "
-                         "per function, in the same order, or null for all 1.0"))
+    if weights is not None and len(weights) != len(functions):
+        problems.append((weights_key, f"{len(weights)} weights for {len(functions)} functions ({key}); give one "
+                         "weight per function, in the same order, or null for all 1.0"))
     # Imported now, so `config validate` and the start of `run` find a missing module or function,
     # not the first step after the model loaded.
-    from grpo_sdk.environments.reward_functions import KEY, resolve
+    from grpo_sdk.environments.reward_functions import resolve
     from grpo_sdk.plugins import ConfigError, PluginError
 
-    for i, entry in enumerate(options.functions):
-        key = f"{KEY}[{i}]"
+    for i, entry in enumerate(functions):
+        at = f"{key}[{i}]"
         try:
-            resolve(entry, key)
+            resolve(entry, at)
         except ConfigError as exc:
-            problems.extend((key, message) for _, message in exc.problems)
+            problems.extend((at, message) for _, message in exc.problems)
         except PluginError as exc:  # the user's module raised while it was imported
-            problems.append((key, str(exc).removeprefix(f"{key}: ")))
+            problems.append((at, str(exc).removeprefix(f"{at}: ")))
     return problems
 
 
@@ -134,4 +141,131 @@ REWARD_FUNCTIONS = ComponentSpec(
     check="grpo_sdk.environments.specs:check_reward_functions",
     summary="Rewards from plain Python functions fn(prompts, completions, **columns) named 'module:function'; "
             "one weighted component each.",
+)
+
+
+# --- reward_model -----------------------------------------------------------------------------------
+
+RM = "env.reward_model"
+
+
+@attrs.frozen(kw_only=True)
+class RewardModelConfig:
+    model_name: str = option("", "The reward model: a local Hugging Face model directory (saved with save_pretrained) "
+                             "or a hub name, loaded with AutoModelForSequenceClassification.")
+    tokenizer_name: str | None = option(None, "Its tokenizer (directory or hub name); null: model_name's.")
+    trust_remote_code: bool = option(False, "Let transformers run the model's own code (some reward models, e.g. "
+                                     "ArmoRM, need it). Only for a model you trust.")
+    format: Literal["auto", "chat_template", "pair", "text"] = option(
+        "auto", "How a (prompt, response) pair becomes one input: `chat_template` renders the conversation up to and "
+        "including the last assistant message with the reward model's chat template; `pair` is the tokenizer's "
+        "text-pair encoding (prompt, response) with its own separator tokens (BERT/DeBERTa cross-encoders); `text` "
+        "is prompt + separator + response; `auto` is chat_template when the tokenizer has one, else text.")
+    separator: str = option("\n", "format=text: what joins the prompt (and the prompt's messages) to the response.")
+    label_index: int | None = option(None, "Which logit is the reward when the model has several labels (0-based); "
+                                     "a one-label model's logit is the reward without it.",
+                                     validator=attrs.validators.optional(attrs.validators.ge(0)))
+    label_name: str | None = option(None, "The same by name, a key of the model config's label2id (e.g. "
+                                    "'positive'); set at most one of label_index and label_name.")
+    normalize: Literal["none", "sigmoid", "softmax"] = option(
+        "none", "Transform of the chosen logit: `sigmoid` maps it to (0, 1); `softmax` is the probability of the "
+        "chosen label over all labels (needs two or more).")
+    scale: float = option(1.0, "The score is scale * normalized + shift.")
+    shift: float = option(0.0, "See scale; e.g. shift: -5.0 centres a reward model whose logits sit near 5.")
+    weight: float = option(1.0, "Weight of the `reward_model` component; the total reward is the weighted sum of "
+                           "it and the rule_functions.")
+    batch_size: int = option(8, "Inputs per forward pass of the reward model.",
+                             validator=[attrs.validators.gt(0), attrs.validators.le(4096)])
+    max_length: int = option(1024, "Tokens per input; longer inputs are cut (truncation_side) and counted in "
+                             "env/truncated_fraction.", validator=[attrs.validators.gt(0), attrs.validators.le(MAX_TOKENS)])
+    truncation_side: Literal["left", "right"] = option(
+        "left", "Which end of a too long input is cut: `left` drops the start of the prompt and keeps the "
+        "response's end, where GPT-style classifiers read the score; `right` drops the end.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto", "Weights dtype: auto is bfloat16 on a GPU, float32 on the CPU.")
+    device: Literal["auto", "cpu", "cuda"] = option(
+        "auto", "Where the reward model runs: auto takes the device this process was given (the run's, in "
+        "process; on Ray a GPU only when cluster.env_gpus_per_worker gives the actor one), else the CPU.")
+    rule_functions: list[str] = option(factory=list, validator=_check_functions, help=(
+        "Rule rewards beside the model, each 'module:function' as in env.reward_functions.functions; each is a "
+        "reward component named after the function."))
+    rule_weights: list[float] | None = option(None, "Weight of each rule function, in order; null weighs all 1.0.")
+
+    def num_reward_components(self) -> int:
+        return 1 + len(self.rule_functions)
+
+
+def label_problems(options: RewardModelConfig, model_config: dict[str, Any]) -> list[tuple[str, str]]:
+    """What is wrong with the label choice for a model whose config.json is ``model_config``."""
+    id2label = model_config.get("id2label") or {}
+    num_labels = len(id2label) or int(model_config.get("num_labels", 2))  # transformers' default is 2
+    labels = ", ".join(f"{i}={id2label[i]!r}" for i in sorted(id2label, key=int)) if id2label else "unnamed"
+    if options.label_index is not None and options.label_name is not None:
+        return [(f"{RM}.label_name", "set label_index or label_name, not both")]
+    if options.label_index is not None and options.label_index >= num_labels:
+        return [(f"{RM}.label_index", f"{options.label_index} is out of range: the model has {num_labels} "
+                 f"label(s) ({labels}); give 0..{num_labels - 1}")]
+    if options.label_name is not None and options.label_name not in (model_config.get("label2id") or {}):
+        return [(f"{RM}.label_name", f"{options.label_name!r} is not a label of the model; its labels: {labels}")]
+    if num_labels > 1 and options.label_index is None and options.label_name is None:
+        return [(f"{RM}.label_index", f"the model has {num_labels} labels ({labels}): say which logit is the "
+                 "reward with label_index or label_name")]
+    if num_labels == 1 and options.normalize == "softmax":
+        return [(f"{RM}.normalize", "softmax over one label is always 1; use sigmoid or none")]
+    return []
+
+
+def classifier_problem(model_config: dict[str, Any]) -> str | None:
+    """Why a config.json is not a sequence classifier's, or None (it is, or it does not say)."""
+    architectures = model_config.get("architectures") or []
+    auto_map = model_config.get("auto_map") or {}
+    if not architectures or "AutoModelForSequenceClassification" in auto_map:
+        return None
+    if any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        return None
+    return (f"holds a {', '.join(architectures)}, not a sequence classifier (an *ForSequenceClassification "
+            "model); loading it as one would score with a randomly initialised head. Use a reward model")
+
+
+def check_reward_model(config: Any, options: RewardModelConfig | None, registry: Any) -> list[tuple[str, str]]:
+    """The model source, the label choice and the rule functions, from files only: no model is loaded."""
+    import json
+    from pathlib import Path
+
+    from grpo_sdk.plugins import GrpoSdkError
+    from grpo_sdk.plugins.toolkit import check_model_source
+
+    if options is None or not options.model_name:
+        return [(f"{RM}.model_name", "is empty: name a reward model directory (or hub name)")]
+    problems = []
+    for key, name in ((f"{RM}.model_name", options.model_name), (f"{RM}.tokenizer_name", options.tokenizer_name)):
+        try:
+            if name:
+                check_model_source(name, key=key)
+        except GrpoSdkError as exc:
+            problems.append((key, str(exc).removeprefix(f"{key}: ")))
+    path = Path(options.model_name).expanduser() / "config.json"
+    if not problems and path.is_file():  # a hub name is checked when it loads
+        try:
+            model_config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            return problems + [(f"{RM}.model_name", f"cannot read {path}: {exc}")]
+        problem = classifier_problem(model_config)
+        if problem:
+            problems.append((f"{RM}.model_name", f"{options.model_name} {problem}"))
+        problems += label_problems(options, model_config)
+    return problems + function_problems(options.rule_functions, options.rule_weights, f"{RM}.rule_functions",
+                                        f"{RM}.rule_weights")
+
+
+REWARD_MODEL = ComponentSpec(
+    name="reward_model",
+    kind="environment",
+    impl="grpo_sdk.environments.reward_model:RewardModelEnvironment",
+    config="grpo_sdk.environments.specs:RewardModelConfig",
+    check="grpo_sdk.environments.specs:check_reward_model",
+    requires=("transformers>=4.50",),
+    metrics={"truncated_fraction", "logit_mean"},
+    summary="A Hugging Face sequence-classification reward model scores (prompt, response) pairs in batches; "
+            "optional rule functions as further weighted components.",
 )
