@@ -191,6 +191,148 @@ class AsyncGRPOConfig:
                                          validator=[positive, v.le(MAX_TIMEOUT_S)])
 
 
+# --- reward penalties (top level) and grpo.length_penalty: the seed's rollout-side reward changes ---
+
+
+def _token_ids(instance: Any, attribute: Any, value: list[int]) -> None:
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in value):
+        raise ValueError(f"must be token ids, integers >= 0: {value!r}")
+
+
+def _thinking_tags(instance: Any, attribute: Any, value: list[str]) -> None:
+    # Two distinct non-empty tags: an empty tag is "found" in every text, and equal tags cannot tell
+    # the reasoning from the answer.
+    if len(value) != 2 or not all(value) or value[0] == value[1]:
+        raise ValueError(f"must be two different non-empty tags, [open, close]: {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RewardPenaltyTokenIdsConfig:
+    unwanted: list[int] | None = option(None, "Token ids no generated message may contain, at any position (the "
+                                        "last one too: listing the stop token penalizes every finished "
+                                        "response); required by penalize_unwanted_tokens.",
+                                        validator=v.optional(_token_ids))
+    think_open: int | None = option(None, "Token id of the think-open tag; null: the tokenizer's id of "
+                                    "thinking_tags[0] when that tag is exactly one token. Set with think_close.",
+                                    validator=v.optional(non_negative))
+    think_close: int | None = option(None, "Token id of the think-close tag; null: inferred from thinking_tags[1] "
+                                     "like think_open.", validator=v.optional(non_negative))
+
+
+@attrs.frozen(kw_only=True)
+class RewardPenaltyConfig:
+    """The seed's reward-zeroing penalties, for any environment (docs/algorithms.md, Reward penalties)."""
+
+    penalize_duplicated_reasoning: bool = option(False, "Zero the reward of a sample with a generated message whose "
+                                                 "reasoning (the think block) equals its answer (the text after "
+                                                 "the close tag), both stripped and non-empty.")
+    penalize_empty_final_answer: bool = option(False, "Zero the reward of a sample whose last generated message has "
+                                               "no answer: nothing but whitespace after its think block.")
+    penalize_unwanted_tokens: bool = option(False, "Zero the reward of a sample whose generated messages contain "
+                                            "any of token_ids.unwanted.")
+    penalize_malformed_think_tag: bool = option(False, "Zero the reward of a sample with a generated message whose "
+                                                "think tags are malformed: the open tag generated, the close tag "
+                                                "more than once, or (tag token ids known) a count that does not "
+                                                "match the thinking mode the prompt opened.")
+    thinking_tags: list[str] = option(factory=lambda: ["<think>", "</think>"],
+                                      help="The reasoning block's [open, close] tags, as text.",
+                                      validator=_thinking_tags)
+    token_ids: RewardPenaltyTokenIdsConfig = option(factory=RewardPenaltyTokenIdsConfig,
+                                                    help="Token ids the penalties read.")
+
+
+@attrs.frozen(kw_only=True)
+class LengthPenaltyParams:
+    """``grpo.length_penalty.default``: the seed's LengthPenaltyParams. Lengths are of the reasoning (inside the
+    think tags), the answer (after them) and their total, over a sample's generated messages."""
+
+    enabled: bool = option(True, "Apply the parameters below (all zero: nothing changes).")
+    length_type: Literal["tokens", "chars"] = option("tokens", "Measure lengths in tokens (the text re-encoded "
+                                                     "by the tokenizer) or characters.")
+    top_percentile: float = option(0.5, "Share of a group's positive rewards, highest first, that count as top "
+                                   "scorers (inert with 0/1 rewards: every success ties at the top).",
+                                   validator=[v.gt(0), v.le(1)])
+    reasoning_bonus: float = option(0.0, "Added to the success with the shortest non-empty reasoning of its group.",
+                                    validator=non_negative)
+    answer_bonus: float = option(0.0, "Added to the success with the shortest non-empty answer.",
+                                 validator=non_negative)
+    total_bonus: float = option(0.0, "Added to the success with the shortest non-empty total length.",
+                                validator=non_negative)
+    longest_reasoning_penalty: float = option(0.0, "Subtracted from the top scorer with the longest reasoning, when "
+                                              "at least two top scorers have one.", validator=non_negative)
+    longest_answer_penalty: float = option(0.0, "The same for the longest answer.", validator=non_negative)
+    longest_total_penalty: float = option(0.0, "The same for the longest total length.", validator=non_negative)
+    group_reasoning_length_penalty_coeff: float = option(
+        0.0, "Dense, zero-centred: each success gets coeff x (w - mean w) with w = 1 - (L - L_min) / (L_max - L_min) "
+        "over the group's successes' reasoning lengths.", validator=non_negative)
+    group_answer_length_penalty_coeff: float = option(0.0, "The same over answer lengths.", validator=non_negative)
+    group_total_length_penalty_coeff: float = option(0.0, "The same over total lengths.", validator=non_negative)
+    reasoning_zmad_threshold: float = option(0.0, "Successes whose reasoning length has a modified z-score "
+                                             "0.6745 (L - median) / MAD above this lose reasoning_zmad_penalty; "
+                                             "<= 0: off.")
+    reasoning_zmad_penalty: float = option(0.0, "See reasoning_zmad_threshold.", validator=non_negative)
+    answer_zmad_threshold: float = option(0.0, "The same for answer lengths; <= 0: off.")
+    answer_zmad_penalty: float = option(0.0, "See answer_zmad_threshold.", validator=non_negative)
+    total_zmad_threshold: float = option(0.0, "The same for total lengths; <= 0: off.")
+    total_zmad_penalty: float = option(0.0, "See total_zmad_threshold.", validator=non_negative)
+    profiled_length_penalty: float = option(0.0, "Subtracted from rows whose total length is >= mean + n_std x std "
+                                            "of the passing lengths a reference model reached on the prompt (the "
+                                            "row's profiled_rewards and profiled_output_lengths data keys); not "
+                                            "stacked on a row the options above already penalized.",
+                                            validator=non_negative)
+    profiled_length_n_std: float = option(1.0, "See profiled_length_penalty.")
+    profiled_length_min_samples: int = option(2, "Fewest passing profiled rollouts that give a threshold; fewer: "
+                                              "no profiled penalty for that prompt.", validator=positive)
+    pass_rate_length_penalty_weight: float = option(0.0, "w: each success loses w x pass rate x L / L_max, L_max the "
+                                                    "longest success of its group (total lengths).",
+                                                    validator=non_negative)
+    profile_band_total: bool | None = option(None, "Multiply successes by the total-length band multiplier (the "
+                                             "row's profile_band data key, else profile_band.defaults); null: on "
+                                             "when profile_band sets a global total band.")
+    profile_band_reasoning: bool | None = option(None, "The same with the reasoning-length band.")
+    profile_band_answer: bool | None = option(None, "The same with the answer-length band.")
+    group_length_penalty_profile_gate: bool = option(False, "Apply the group_*_length_penalty_coeff terms only to "
+                                                     "groups whose mean length exceeds their profile band's "
+                                                     "value (channel and field below); no band: closed.")
+    group_length_penalty_profile_gate_channel: Literal["total", "reasoning", "answer"] = option(
+        "total", "The band channel and the lengths the gate compares.")
+    group_length_penalty_profile_gate_field: Literal["a", "b", "f"] = option("a", "The band field the mean length "
+                                                                             "must exceed.")
+    group_length_penalty_profile_gate_positive_only: bool = option(True, "The gate averages successes' lengths "
+                                                                   "only.")
+
+
+@attrs.frozen(kw_only=True)
+class ProfileBandChannel:
+    a: float | None = option(None, "Multiplier 1 up to length a ...")
+    b: float | None = option(None, "... falling linearly to f at length b (> a) ...")
+    f: float | None = option(None, "... and f in [0, 1] beyond it. Set a, b and f together, or none.")
+
+
+@attrs.frozen(kw_only=True)
+class ProfileBandDefaults:
+    total: ProfileBandChannel = option(factory=ProfileBandChannel, help="Band of the total length.")
+    reasoning: ProfileBandChannel = option(factory=ProfileBandChannel, help="Band of the reasoning length.")
+    answer: ProfileBandChannel = option(factory=ProfileBandChannel, help="Band of the answer length.")
+
+
+@attrs.frozen(kw_only=True)
+class ProfileBandConfig:
+    enabled: bool = option(False, "Use the bands below for rows without their own profile_band data key; a channel "
+                           "set here turns its default.profile_band_* switch on unless that is false.")
+    defaults: ProfileBandDefaults = option(factory=ProfileBandDefaults, help="The global {a, b, f} bands.")
+
+
+@attrs.frozen(kw_only=True)
+class LengthPenaltyConfig:
+    """``grpo.length_penalty``: per-prompt-group length bonuses and penalties on binary (0/1) single-reward
+    training rewards (docs/algorithms.md, The length penalty). The seed's agent_overrides and verbose are
+    NeMo-Gym's and have no equivalent here."""
+
+    default: LengthPenaltyParams = option(factory=LengthPenaltyParams, help="The length-adjustment parameters.")
+    profile_band: ProfileBandConfig = option(factory=ProfileBandConfig, help="Global length bands.")
+
+
 @attrs.frozen(kw_only=True)
 class GRPOConfig:
     __removed__ = {"skip_reference_policy_logprobs_calculation": RemovedOption(
@@ -238,6 +380,8 @@ class GRPOConfig:
     stop_at_validation_threshold: float | None = option(None, "Threshold for stop_at_validation_metric.")
     async_grpo: AsyncGRPOConfig = option(factory=AsyncGRPOConfig, help="Async GRPO: generation overlapping "
                                          "training with bounded staleness (docs/async.md).")
+    length_penalty: LengthPenaltyConfig = option(factory=LengthPenaltyConfig, help="Per-group length bonuses and "
+                                                 "penalties on 0/1 rewards, training only (the seed's).")
 
 
 # --- loss_fn --------------------------------------------------------------------------------
@@ -536,6 +680,8 @@ class MasterConfig:
     logger: LoggerConfig = option(factory=LoggerConfig, help="Run directory and metric sinks.")
     checkpointing: CheckpointingConfig = option(factory=CheckpointingConfig, help="Checkpoints.")
     cluster: ClusterConfig = option(factory=ClusterConfig, help="Devices and runtime.")
+    reward_penalties: RewardPenaltyConfig = option(factory=RewardPenaltyConfig, help="Reward-zeroing penalties "
+                                                   "on the generated messages (the seed's).")
     extra_sections: dict[str, Any] = _internal()
 
 
