@@ -86,6 +86,12 @@ class PluginSlot:
 positive = v.gt(0)
 non_negative = v.ge(0)
 
+def _ray_gpus(instance: Any, attribute: Any, value: float) -> None:
+    # Ray's own rule for a resource amount: a fraction below 1, or whole units.
+    if value > 1 and value != int(value):
+        raise ValueError(f"{value} GPUs: give a fraction below 1 (a share of one GPU) or a whole number")
+
+
 # Upper bounds on sizes, so an absurd number is a config error at `config validate` instead of gigabytes
 # spent before the first step (issue 12). Each is far past any real run: NeMo-RL's largest recipes use
 # ~32k rows per step, and the longest-context open models 1-10M tokens.
@@ -653,6 +659,10 @@ class ClusterConfig:
                                      validator=positive)
     env_workers: int = option(1, "Ray: environment actors; each scores a share of every batch.", validator=positive)
     env_max_concurrency: int = option(4, "Ray: environment calls in flight per environment actor.", validator=positive)
+    env_gpus_per_worker: float = option(0.0, "Ray: GPUs each environment actor takes (a reward model's), outside the "
+                                        "policy's and generation's bundles: a fraction below 1 shares a GPU between "
+                                        "actors (0.5: two per GPU), a larger amount is whole GPUs. 0: CPU only (the "
+                                        "actor's context.device is then cpu).", validator=[non_negative, _ray_gpus])
     call_timeout_s: float = option(1800.0, "Deadline of every call into an environment in this process, and (Ray) "
                                    "of every remote call; a call that does not return in time stops the run with "
                                    "an error naming the worker or the sample (no silent hangs).",

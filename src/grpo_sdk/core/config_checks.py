@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import string
@@ -467,6 +468,9 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
             problems.append(("cluster.address", "is set, but cluster.runtime is local; set cluster.runtime=ray"))
         if c.num_nodes > 1:
             problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes need cluster.runtime=ray"))
+        if c.env_gpus_per_worker > 0:
+            problems.append(("cluster.env_gpus_per_worker", "needs cluster.runtime=ray: the local runtime runs the "
+                             "environment in this process, on the run's device"))
         return problems
     try:
         md.version("ray")
@@ -488,12 +492,15 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
         problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes need an existing cluster (cluster.address); "
                          "a local Ray cluster has one node"))
     colocated = cfg.policy.generation.colocated.enabled
+    env_gpus = env_gpus_needed(c.env_workers, c.env_gpus_per_worker)
     if c.gpus_per_node > 0:
         gpus = c.num_nodes * c.gpus_per_node
-        needed = max(n, m) if colocated else n + m
+        needed = (max(n, m) if colocated else n + m) + env_gpus
         if needed > gpus:
             how = ("colocated: max(policy_workers, generation_workers)" if colocated
                    else "non-colocated: policy_workers + generation_workers, one GPU each")
+            if env_gpus:
+                how += f", + {env_gpus} for env_workers x env_gpus_per_worker"
             problems.append(("cluster.gpus_per_node", f"{gpus} GPUs (num_nodes x gpus_per_node) are too few: this run "
                              f"needs {needed} ({how})"))
         if c.device == "cpu":
@@ -502,7 +509,22 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
     elif c.device == "cuda":
         problems.append(("cluster.gpus_per_node", "is 0, but cluster.device=cuda: Ray workers get GPUs only "
                          "through their bundles; set cluster.gpus_per_node"))
+    if env_gpus and c.device == "cpu":
+        problems.append(("cluster.env_gpus_per_worker", "is set, but cluster.device=cpu: no worker would use the GPUs"))
+    elif env_gpus and c.gpus_per_node == 0:
+        problems.append(("cluster.env_gpus_per_worker", f"asks for {env_gpus} GPU(s), but cluster.gpus_per_node is 0 "
+                         "(the run's GPU budget); set cluster.gpus_per_node to count the environment's GPUs too"))
     return problems
+
+
+def env_gpus_needed(workers: int, per_worker: float) -> int:
+    """Whole GPUs that ``workers`` environment actors of ``per_worker`` GPUs each occupy: Ray puts a
+    fraction on one GPU, so floor(1 / fraction) actors share each."""
+    if per_worker <= 0:
+        return 0
+    if per_worker > 1:
+        return workers * math.ceil(per_worker)
+    return math.ceil(workers / math.floor(1 / per_worker + 1e-9))
 
 
 def _capabilities(registry: Any, kind: str, name: str) -> frozenset[Capability]:

@@ -8,7 +8,8 @@ components, so the loop does not know which runtime it drives:
   A second ``policy`` build (the on-policy-distillation teacher) is a group of its own.
 * ``generation`` -> ``GenerationGroup``: ``cluster.generation_workers`` replicas.
 * ``environment`` -> ``EnvironmentPool``: ``cluster.env_workers`` actors, each running at most
-  ``cluster.env_max_concurrency`` calls at once.
+  ``cluster.env_max_concurrency`` calls at once, with ``cluster.cpus_per_worker`` CPUs and
+  ``cluster.env_gpus_per_worker`` GPUs (a reward model's; outside the placement groups below).
 * everything else (estimator, weight sync, loggers) is built in the driver, as in-process.
 
 Placement (one bundle per rank or replica; ``{"CPU": cpus_per_worker}``, plus ``{"GPU": 1}``
@@ -72,6 +73,17 @@ WATCH_INTERVAL_S = 0.5  # how often the watchdog looks for new processes of the 
 def _quantity(amount: float) -> float:
     """A resource amount Ray accepts: fractions below 1 (4 decimals), whole numbers above."""
     return round(amount, 4) if amount <= 1 else float(math.floor(amount))
+
+
+def environment_actor_options(cluster: Any) -> dict[str, Any]:
+    """What each environment actor asks Ray for: ``cluster.cpus_per_worker`` CPUs, and
+    ``cluster.env_gpus_per_worker`` GPUs when set (not in a placement group: an environment is
+    not colocated with the policy)."""
+    options: dict[str, Any] = {"num_cpus": _quantity(cluster.cpus_per_worker),
+                               "max_concurrency": cluster.env_max_concurrency}
+    if cluster.env_gpus_per_worker > 0 and cluster.device != "cpu":
+        options["num_gpus"] = _quantity(cluster.env_gpus_per_worker)
+    return options
 
 
 @attrs.define
@@ -229,11 +241,25 @@ class RayRuntime:
 
     def _build_environment(self, name: str, config: Any, context: Any) -> EnvironmentPool:
         k = self.cluster.env_workers
+        self._check_environment_gpus()
         workers = self._start_actors("environment", k)
         factory = local_sampler_factory(self.registry.load_impl("environment", name), config, context)
         group = EnvironmentPool(self, workers, max_concurrency=self.cluster.env_max_concurrency, local_factory=factory)
         self._setup(group, [self._spec("environment", name, config, context) for _ in range(k)])
         return group
+
+    def _check_environment_gpus(self) -> None:
+        """Environment actors with GPUs are placed outside the placement groups: fail now, naming the
+        key, when the GPUs left cannot hold them (Ray would keep them pending until the startup deadline)."""
+        import ray
+
+        c = self.cluster
+        wanted = c.env_workers * environment_actor_options(c).get("num_gpus", 0.0)
+        left = ray.available_resources().get("GPU", 0.0)
+        if wanted > left + 1e-9:
+            raise GrpoSdkError(f"the environment actors need {wanted:g} GPUs (cluster.env_workers={c.env_workers} x "
+                               f"cluster.env_gpus_per_worker={c.env_gpus_per_worker:g}), but the Ray cluster has "
+                               f"{left:g} left beside the policy and generation bundles; lower them or add GPUs")
 
     def start_actor_on_driver_node(self, worker_class: type, group_class: type, *, role: str, spec: Any,
                                    max_concurrency: int) -> Any:
@@ -272,7 +298,7 @@ class RayRuntime:
         for i in range(count):
             options: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0}
             if role == "environment":
-                options.update(num_cpus=_quantity(c.cpus_per_worker), max_concurrency=c.env_max_concurrency)
+                options.update(environment_actor_options(c))
             else:
                 if role == "generation" and self.in_flight:  # a weight update runs while generate() is in flight
                     options["max_concurrency"] = 2

@@ -91,6 +91,16 @@ def worker_device(requested: str) -> str:
     return "cpu"
 
 
+def _gpus_assigned() -> bool:
+    """Whether Ray gave this actor a GPU (or a share of one)."""
+    try:
+        import ray
+
+        return bool(ray.get_gpu_ids())
+    except Exception:  # noqa: BLE001 - not in a Ray worker: whatever torch sees is ours
+        return True
+
+
 class ComponentWorker:
     """One component in its own process. Every method is called by the driver with a deadline."""
 
@@ -138,6 +148,10 @@ class ComponentWorker:
         random.seed(spec.context.config.grpo.seed)
         torch.manual_seed(spec.context.config.grpo.seed)
         self.device = worker_device(cluster.device)
+        if spec.kind == "environment" and self.device == "cuda" and not _gpus_assigned():
+            # Ray leaves every GPU visible to an actor that reserved none: an environment given no
+            # GPU (cluster.env_gpus_per_worker=0) must not take one from the policy.
+            self.device = "cpu"
         if self.world_size > 1:
             self._join_process_group(spec, cluster)
         registry = worker_registry(spec.hook_modules, spec.sys_path)
