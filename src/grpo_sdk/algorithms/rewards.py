@@ -1,7 +1,9 @@
 """The reward pipeline between the environment and the estimator, in pure torch.
 
-Order in a step (as NeMo-RL's synchronous loop): scale -> shape -> triviality / dynamic
-sampling -> overlong filtering -> sequence logprob-error masking -> advantages -> clipping.
+Order in a step (as NeMo-RL's synchronous loop): reward penalties -> length penalty (both on the
+environment's rewards, where the seed's NeMo-Gym rollout applies them) -> scale -> shape ->
+triviality / dynamic sampling -> overlong filtering -> sequence logprob-error masking ->
+advantages -> clipping.
 Restated in docs/algorithms.md (One step, in order); the differences from the seed are in
 docs/decisions.md.
 """
@@ -9,9 +11,13 @@ docs/decisions.md.
 from __future__ import annotations
 
 import warnings
+from typing import Any, Sequence
 
 import torch
 
+from grpo_sdk.algorithms.length_penalty import CHANNELS, apply_length_penalty, length_penalty_active
+from grpo_sdk.algorithms.reward_penalties import any_penalty, apply_penalties, generated_turns, penalty_flags, \
+    reasoning_and_answer, resolve_think_tags
 from grpo_sdk.core.config import RewardScalingConfig, RewardShapingConfig
 
 
@@ -109,3 +115,79 @@ def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | N
     if high is not None:
         advantages = advantages.clamp(max=high)
     return advantages
+
+
+class RolloutRewardChanges:
+    """The seed's rollout-side reward changes, in its order: ``reward_penalties.*``, then (training only)
+    ``grpo.length_penalty``, both on the environment's rewards, before scaling and shaping.
+
+    The components come back with the penalties applied and nothing else: they stay the raw
+    environment reward (the seed's ``env_reward``), while the total carries the length penalty too.
+
+    Example::
+
+        changes = RolloutRewardChanges(cfg, tokenizer)
+        components, total, metrics = changes(batch.reward_components, batch.reward_valid, batch.group_ids,
+                                             batch.message_logs, batch.metadata)
+    """
+
+    def __init__(self, config: Any, tokenizer: Any = None):
+        self.penalties, self.length = config.reward_penalties, config.grpo.length_penalty
+        self.tokenizer = tokenizer
+        self.penalize, self.shape_length = any_penalty(self.penalties), length_penalty_active(self.length)
+        self.tags = resolve_think_tags(self.penalties, tokenizer) if self.penalize or self.shape_length else None
+        self.warned = False
+
+    def __call__(self, components: dict[str, torch.Tensor], valid: torch.Tensor, group_ids: torch.Tensor,
+                 message_logs: Sequence[Sequence[Any]], metadata: Sequence[dict[str, Any]],
+                 prompt_ids: Sequence[Sequence[int]] | None = None, *, training: bool = True
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
+        """``(components, total, metrics)``; ``prompt_ids``: each row's prompt tokens as the model saw
+        them (for the thinking mode when a prompt's messages carry no token ids)."""
+        metrics: dict[str, float] = {}
+        if not self.penalize and not (training and self.shape_length):
+            return components, torch.stack(list(components.values())).sum(0), metrics
+        samples = [generated_turns(log, self.tags, prompt_ids[i] if prompt_ids is not None else None)
+                   for i, log in enumerate(message_logs)]
+        if self.penalize:
+            components, metrics = apply_penalties(components, penalty_flags(self.penalties, self.tags, samples))
+        total = torch.stack(list(components.values())).sum(0)
+        if training and self.shape_length:
+            rewards, length_metrics = apply_length_penalty(
+                total.tolist(), self._groups(valid, group_ids), self._lengths(samples), metadata, self.length,
+                single_component=len(components) == 1)
+            metrics.update(length_metrics)
+            if length_metrics["length_penalty/skipped_non_binary_frac"] and not self.warned:
+                self.warned = True  # once per run, as upstream warns once per agent
+                warnings.warn("grpo.length_penalty needs 0/1 rewards from a single reward component: "
+                              f"{length_metrics['length_penalty/skipped_non_binary_frac']:.0%} of the samples were "
+                              "left unchanged (length_penalty/skipped_non_binary_frac)", stacklevel=2)
+            total = torch.tensor(rewards, dtype=total.dtype)
+        return components, total, metrics
+
+    @staticmethod
+    def _groups(valid: torch.Tensor, group_ids: torch.Tensor) -> list[list[int]]:
+        # Rows whose reward failed are in no group: they stay 0 and out of the baseline, as everywhere.
+        groups: dict[int, list[int]] = {}
+        for i, (gid, ok) in enumerate(zip(group_ids.tolist(), valid.tolist())):
+            if ok:
+                groups.setdefault(gid, []).append(i)
+        return list(groups.values())
+
+    def _lengths(self, samples: Sequence[Sequence[Any]]) -> dict[str, list[float]]:
+        texts = [reasoning_and_answer(turns, self.tags) for turns in samples]
+        if self.length.default.length_type == "tokens" and self.tokenizer is not None:
+            flat = [t for pair in texts for t in pair]
+            encoded = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+            counts = [float(len(ids)) if text else 0.0 for text, ids in zip(flat, encoded)]
+        else:  # upstream counts characters when no tokenizer is at hand
+            counts = [float(len(t)) for pair in texts for t in pair]
+        reasoning, answer = counts[0::2], counts[1::2]
+        return dict(zip(CHANNELS, (reasoning, answer, [r + a for r, a in zip(reasoning, answer)])))
+
+
+def mean_metrics(parts: Sequence[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Per-row means of several batches (dynamic sampling's generation batches), weighted by their rows."""
+    rows = sum(n for _, n in parts)
+    keys = {k for metrics, _ in parts for k in metrics}
+    return {k: sum(m.get(k, 0.0) * n for m, n in parts) / rows for k in sorted(keys)} if rows else {}

@@ -23,6 +23,7 @@ from grpo_sdk.core.async_checks import async_warnings, check_async
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
+from grpo_sdk.core.reward_checks import check_reward_penalties
 
 
 def check_batch_shape(cfg: C.MasterConfig) -> list[tuple[str, str]]:
@@ -315,9 +316,11 @@ TRAIN_METRICS = (
     "generated_tokens", "max_seq_mult_prob_error", "mean_seq_mult_prob_error", "min_seq_mult_prob_error",
     "max_seq_mult_prob_error_after_mask", "mean_seq_mult_prob_error_after_mask",
     "min_seq_mult_prob_error_after_mask", "num_masked_seqs_by_logprob_error", "masked_correct_pct", "grad_norm",
-    "lr", "reward/mean", "reward/std", "reward/num_failed", "advantages/mean", "advantages/min", "advantages/max")
+    "lr", "reward/mean", "reward/std", "reward/num_failed", "advantages/mean", "advantages/min", "advantages/max",
+    "reasoning_equal_to_final_answer_rate", "empty_final_answer_rate", "unwanted_token_rate",
+    "malformed_think_tag_rate")
 TRAIN_FAMILIES = ("reward/", "env/", "val/", "timing/", "perf/", "advantages/", "response_length/", "generation/",
-                  "on_policy_distillation/")
+                  "on_policy_distillation/", "reward_penalties/", "length_penalty/")
 TYPO_CUTOFF = 0.85  # 'acuracy' -> 'accuracy' (0.93); an environment's 'pass_1' is not 'pass_k' (0.83)
 
 
@@ -591,5 +594,6 @@ def parse_duration(text: str) -> float:
 def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Every cross-field problem of ``cfg``; ``registry`` enables the capability checks."""
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
+            + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
             + check_weight_sync(cfg, registry) + check_async(cfg, registry) + check_components(cfg, registry))

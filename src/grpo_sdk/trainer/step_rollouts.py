@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from grpo_sdk.algorithms.rewards import scale_rewards, shape_rewards, trivial_groups
+from grpo_sdk.algorithms.rewards import RolloutRewardChanges, mean_metrics, scale_rewards, shape_rewards, \
+    trivial_groups
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.records import SamplingParams
 from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, rollout_metrics
@@ -54,19 +55,19 @@ class StepRollouts:
         target_rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
         dynamic = grpo.use_dynamic_sampling
         draw = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if dynamic else grpo.num_prompts_per_step
-        generated, kept, env_metrics = [], [], {}
+        generated, kept, env_metrics, reward_metrics = [], [], {}, []
         for generation_batch in range(1, (grpo.dynamic_sampling_max_gen_batches if dynamic else 1) + 1):
             rollouts, env_metrics = collect_rollouts(
                 prompts=self.prompts.next_prompts(draw), tokenizer=self.tokenizer, generation=self.generation,
                 environment=self.environment, cfg=self.config, sampling=self.sampling,
                 max_prompt_tokens=self.max_prompt_tokens, group_offset=counters.next_group_id)
             counters.next_group_id += draw
-            self.process_rewards(rollouts)
+            reward_metrics.append((self.process_rewards(rollouts), rollouts.batch_size))
             generated.append(rollouts)
             self.check_reward_failures(rollouts, step, counters)
             trivial = trivial_groups(rollouts.unshaped_rewards, rollouts.group_ids)
             if not dynamic:
-                return rollouts, {**rollout_metrics(generated, trivial), **env_metrics}
+                return rollouts, {**rollout_metrics(generated, trivial), **env_metrics, **mean_metrics(reward_metrics)}
             kept.append(rollouts.select(~trivial))
             if sum(b.batch_size for b in kept) >= target_rows:
                 batch = RolloutBatch.concat(kept)
@@ -75,6 +76,7 @@ class StepRollouts:
                 metrics.update({"dynamic_sampling_num_gen_batches": float(generation_batch),
                                 "dynamic_sampling_num_discarded_valid_samples": float(batch.batch_size - target_rows),
                                 "filtered_reward": float(batch.select(torch.arange(target_rows)).rewards.mean())})
+                metrics.update(mean_metrics(reward_metrics))
                 return batch.select(torch.arange(target_rows)), {**metrics, **env_metrics}
         found = sum(b.batch_size for b in kept)
         raise GrpoSdkError(
@@ -82,15 +84,24 @@ class StepRollouts:
             f"generation batches of {draw} prompts: every other prompt group had identical rewards. Raise "
             "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
 
-    def process_rewards(self, rollouts: RolloutBatch) -> None:
-        """Scale the components and their total (grpo.reward_scaling), then shape the total (grpo.reward_shaping)."""
+    def process_rewards(self, rollouts: RolloutBatch) -> dict[str, float]:
+        """The reward penalties and the length penalty (``RolloutRewardChanges``, the seed's rollout-side
+        changes), then scale the components and their total (grpo.reward_scaling), then shape the total
+        (grpo.reward_shaping). Returns the penalties' metrics."""
         grpo = self.config.grpo
-        components = {k: scale_rewards(v, grpo.reward_scaling) for k, v in rollouts.reward_components.items()}
-        total = scale_rewards(torch.stack(list(rollouts.reward_components.values())).sum(0), grpo.reward_scaling)
+        if getattr(self, "reward_changes", None) is None:
+            self.reward_changes = RolloutRewardChanges(self.config, self.tokenizer)
+        prompts = None if self.reward_changes.tags is None else [
+            row[mask.bool()].tolist() for row, mask in zip(rollouts.prompt_ids, rollouts.prompt_mask)]
+        raw, total, metrics = self.reward_changes(rollouts.reward_components, rollouts.reward_valid,
+                                                  rollouts.group_ids, rollouts.message_logs, rollouts.metadata, prompts)
+        components = {k: scale_rewards(v, grpo.reward_scaling) for k, v in raw.items()}
+        total = scale_rewards(total, grpo.reward_scaling)
         rollouts.reward_components = components
         rollouts.unshaped_rewards = total
         rollouts.rewards = shape_rewards(total, rollouts.response_lengths, rollouts.truncated, grpo.reward_shaping,
                                          self.sampling.max_new_tokens)
+        return metrics
 
     def check_reward_failures(self, rollouts: RolloutBatch, step: int, counters: RolloutCounters) -> None:
         """With env.on_reward_error=mask, stop a run whose rewards keep failing (instead of hundreds of
