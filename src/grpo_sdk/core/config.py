@@ -367,6 +367,15 @@ class GRPOConfig:
                                      validator=positive)
     overlong_filtering: bool = option(False, "Drop truncated responses (no stop token within max_new_tokens) from "
                                       "the loss; they still count in their group's baseline.")
+    max_rollout_turns: int = option(1, "Most assistant turns per episode: a multi-turn environment (tools, "
+                                    "feedback, games) continues an episode until it is done, this many turns, or "
+                                    "policy.max_total_sequence_length (docs/multi-turn.md). 1: single-turn.",
+                                    validator=[positive, v.le(1024)])
+    invalid_tool_call_advantage: float | None = option(
+        None, "Advantage of every token of an assistant turn the environment flagged invalid_tool_call (e.g. -5.0), "
+        "in place of the estimator's; null disables.")
+    malformed_thinking_advantage: float | None = option(
+        None, "Advantage of every token of an assistant turn flagged malformed_thinking (e.g. -5.0); null disables.")
     advantage_clip_low: float | None = option(None, "Clamp advantages from below; null disables.")
     advantage_clip_high: float | None = option(None, "Clamp advantages from above; null disables.")
     seq_logprob_error_threshold: float | None = option(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import attrs
 
@@ -79,10 +79,13 @@ class SamplingParams:
 class Message:
     """One turn of a conversation, with the exact token ids the policy is trained on."""
 
-    role: str  # "user", "assistant", "environment", "system"
+    role: str  # "system", "user", "assistant", "tool" (a tool's result), "environment"
     content: str
     token_ids: tuple[int, ...] = ()
     generation_logprobs: tuple[float, ...] | None = None  # set on generated (assistant) turns
+    # What the environment found wrong with a generated turn (EnvironmentReturn.flags): "invalid_tool_call",
+    # "malformed_thinking"; grpo.invalid_tool_call_advantage / malformed_thinking_advantage act on them.
+    flags: tuple[str, ...] = ()
 
 
 MessageLog = list[Message]
@@ -127,13 +130,23 @@ class EnvironmentReturn:
     in ``reward/num_no_reward``, whatever ``env.on_reward_error`` says; a None beside a component
     that scored counts 0. A failure is anything else that is not a finite number (NaN, text) or
     an exception: ``env.on_reward_error`` decides, and ``reward/num_failed`` counts it.
+
+    Multi-turn (``MultiTurnEnvironment``, docs/multi-turn.md): ``step`` is called after every
+    assistant turn with the episodes still going; ``rewards`` are that turn's (an episode's reward
+    is the sum over its turns; None on a turn adds nothing), ``done`` False continues an episode
+    with ``observations`` (one message or several: tool results, a user reply) appended as tokens,
+    and ``metadata`` is what the next turn's ``step`` gets for that sample.
     """
 
     rewards: dict[str, list[float | None]]
     done: list[bool] | None = None  # None: every sample is done (single-turn)
-    observations: list[Message | None] | None = None  # the next environment turn, multi-turn only
+    # The next environment turn of each sample (multi-turn only): a message, several, or None.
+    observations: list[Message | Sequence[Message] | None] | None = None
     metadata: list[dict[str, Any]] | None = None  # updated per-sample metadata
     metrics: dict[str, float] = attrs.field(factory=dict)  # batch-level metrics, logged as env/<name>
+    # Per sample: what was wrong with the assistant turn just scored ("invalid_tool_call",
+    # "malformed_thinking"); recorded on that turn's Message.flags.
+    flags: list[Sequence[str]] | None = None
 
 
 @attrs.define(kw_only=True, eq=False)

@@ -92,9 +92,9 @@ def merge_environment_returns(returns: Sequence[Any], sizes: Sequence[int],
 
     Rewards are concatenated per component (every chunk must return the same components);
     metrics are averaged weighted by chunk size, which gives the in-process value for per-sample
-    means (an accuracy, a fraction). ``done``/``observations``/``metadata`` are None when every
+    means (an accuracy, a fraction). ``done``/``observations``/``metadata``/``flags`` are None when every
     chunk left them None, else filled per chunk with their defaults (done, no observation, the
-    metadata as sent).
+    metadata as sent, no flags).
     """
     from grpo_sdk.core.records import EnvironmentReturn
 
@@ -126,6 +126,7 @@ def merge_environment_returns(returns: Sequence[Any], sizes: Sequence[int],
         done=merged("done", lambda i, n: [True] * n),
         observations=merged("observations", lambda i, n: [None] * n),
         metadata=merged("metadata", lambda i, n: list(metadata[i])),
+        flags=merged("flags", lambda i, n: [()] * n),
         metrics=metrics,
     )
 

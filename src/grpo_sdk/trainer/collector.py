@@ -349,7 +349,7 @@ def split_groups(rollouts: Any, target: int, *, epoch: int, seconds: float = 0.0
         first = last = group.weight_version
         versions = group.token_weight_versions
         if versions is not None:
-            sampled = torch.arange(versions.shape[1])[None, :] < group.response_lengths[:, None]
+            sampled = group.sampled
             if sampled.any():
                 first, last = int(versions[sampled].min()), int(versions[sampled].max())
         groups.append(BufferedGroup(ordinal=int(ordinal), target_step=target, weight_version=first,

@@ -101,7 +101,7 @@ class TakenBatch:
         if any(g.last_weight_version != g.weight_version for g in self.groups):  # an update landed in flight
             ages, tokens = 0.0, 0
             for g in self.groups:
-                sampled = torch.arange(g.rollouts.response_ids.shape[1])[None, :] < g.rollouts.response_lengths[:, None]
+                sampled = g.rollouts.sampled
                 versions = g.token_weight_versions if g.token_weight_versions is not None \
                     else torch.full(sampled.shape, g.weight_version)
                 ages += float((self.step - versions[:, :sampled.shape[1]][sampled]).sum())
@@ -341,6 +341,8 @@ def _group_entry(group: BufferedGroup, tensors: dict[str, torch.Tensor]) -> dict
     fields = {name: getattr(batch, name) for name in _PADDED}
     if group.token_weight_versions is not None:
         fields["token_weight_versions"] = group.token_weight_versions
+    if batch.generated_mask is not None:
+        fields["generated_mask"] = batch.generated_mask
     for name, t in fields.items():
         left = _PADDED.get(name, False)
         stored, value = _trimmed(t, widths["prompt" if left else "response"], left)
@@ -371,10 +373,13 @@ def _messages_entry(log: list[Message], batch: RolloutBatch, i: int) -> list[dic
     tensors hold them), any other turn stores what it has."""
     out, response = [], _response_row(batch, i)
     for j, m in enumerate(log):
+        entry: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.flags:
+            entry["flags"] = list(m.flags)
         if j == len(log) - 1 and m.role == "assistant" and (m.token_ids, m.generation_logprobs) == response:
-            out.append({"role": m.role, "content": m.content, "from_response": True})
+            out.append({**entry, "from_response": True})
             continue
-        entry: dict[str, Any] = {"role": m.role, "content": m.content, "token_ids": list(m.token_ids)}
+        entry["token_ids"] = list(m.token_ids)
         if m.generation_logprobs is not None:
             entry["generation_logprobs"] = list(m.generation_logprobs)
         out.append(entry)
@@ -400,19 +405,21 @@ def _jsonable(value: Any, where: str, path: str) -> Any:
 
 
 def _message(m: dict[str, Any], batch: RolloutBatch, i: int) -> Message:
+    flags = tuple(m.get("flags", ()))
     if m.get("from_response"):
         ids, logprobs = _response_row(batch, i)
-        return Message(role=m["role"], content=m["content"], token_ids=ids, generation_logprobs=logprobs)
+        return Message(role=m["role"], content=m["content"], token_ids=ids, generation_logprobs=logprobs, flags=flags)
     logprobs = m.get("generation_logprobs")
     return Message(role=m["role"], content=m["content"], token_ids=tuple(m["token_ids"]),
-                   generation_logprobs=tuple(logprobs) if logprobs is not None else None)
+                   generation_logprobs=tuple(logprobs) if logprobs is not None else None, flags=flags)
 
 
 def _group_from_entry(entry: dict[str, Any], tensors: dict[str, torch.Tensor], pad_token_id: int) -> BufferedGroup:
     key = f"{entry['ordinal']}/"
     fields = {name: tensors[key + name] for name in _PADDED}
-    if key + "token_weight_versions" in tensors:
-        fields["token_weight_versions"] = tensors[key + "token_weight_versions"]
+    for optional in ("token_weight_versions", "generated_mask"):
+        if key + optional in tensors:
+            fields[optional] = tensors[key + optional]
     for name, (width, value) in entry["pads"].items():
         t = fields[name]
         fill = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)

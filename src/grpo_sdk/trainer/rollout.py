@@ -1,4 +1,4 @@
-"""Rollouts: tokenize prompts, generate G responses each, score them, build the batch.
+"""Rollouts: tokenize prompts, play G episodes each (``trainer.episodes``), build the batch.
 
 Decoding and the loss mask stop at the same place, the first stop token or ``max_new_tokens``
 (a prototype that decoded up to ``<pad>`` but masked up to ``<eos>`` taught the policy to emit
@@ -9,21 +9,25 @@ The message log an environment gets: ``[user, assistant]`` for a plain prompt (t
 holds the prompt as the model saw it, templates applied, and its token ids); for a
 conversational row the row's own messages (raw content, no token ids: the chat template rendered
 them together) followed by the assistant message. The assistant message holds the response's
-token ids and generation logprobs either way.
+token ids and generation logprobs either way. A multi-turn episode goes on with the environment's
+messages (their token ids on the first one of each turn) and the next assistant turns.
+
+The response of a row is everything after its prompt: the assistant turns and, multi-turn, the
+environment turns between them; ``generated_mask`` tells the sampled tokens (the loss's) apart.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import attrs
 import torch
 
+from grpo_sdk.core.errors import DataError
+from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.trainer.data import Prompt, PromptBuilder
-from grpo_sdk.core.errors import DataError, EnvironmentStepError
-from grpo_sdk.core.records import EnvironmentReturn, GenerationInput, Message, SamplingParams, TrainBatch
-from grpo_sdk.runtime.deadlines import CallTimeout, WorkerError
+from grpo_sdk.trainer.environment_step import prompt_message, step_environment
+from grpo_sdk.trainer.episodes import Episode, episode_metrics, run_episodes
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -56,19 +60,6 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def _short(text: str, limit: int = 80) -> str:
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def prompt_message(log: Sequence[Message]) -> Message:
-    """The message a response answers: the last non-assistant message before it (``log[0]`` of a
-    plain prompt's ``[user, assistant]``; the last user turn of a conversation)."""
-    for message in reversed(log[:-1]):
-        if message.role != "assistant":
-            return message
-    return log[0]
-
-
 def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
     """The messages before the response: the row's own for a conversational prompt, else one user message."""
     if prompt.messages is not None:
@@ -76,114 +67,23 @@ def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
     return [Message(role="user", content=prompt.text, token_ids=tuple(prompt_ids))]
 
 
-class RewardFailure(Exception):
-    pass
-
-
-def _check_return(ret: Any, size: int) -> EnvironmentReturn:
-    if not isinstance(ret, EnvironmentReturn) or not ret.rewards:
-        raise RewardFailure(f"step() returned {type(ret).__name__}, not an EnvironmentReturn with rewards")
-    for name, values in ret.rewards.items():
-        if len(values) != size:
-            raise RewardFailure(f"reward {name!r} has {len(values)} values for {size} samples")
-    return ret
-
-
-def _as_reward(value: Any) -> float | None:
-    """A reward as a float, or None when it is not a finite real number (None, text, NaN, a many-element tensor)."""
-    if value is None or isinstance(value, (str, bytes)):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _check_metrics(metrics: Any, env_name: str) -> dict[str, float]:
-    """The environment's metrics as finite-or-not floats; anything else is an error naming the key."""
-    if not isinstance(metrics, dict):
-        raise EnvironmentStepError(f"environment {env_name!r} returned metrics of type {type(metrics).__name__}; "
-                                   "EnvironmentReturn.metrics must be a dict of name -> number")
-    out = {}
-    for key, value in metrics.items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError, OverflowError):
-            raise EnvironmentStepError(f"environment {env_name!r} returned metric {key!r} = {value!r}, which is not "
-                                       "a number; EnvironmentReturn.metrics values must be numbers") from None
-    return out
-
-
 def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: list[dict[str, Any]],
           sources: list[str], on_error: str
           ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, dict[str, float]]:
-    """Rewards per component ``[B]``, a ``[B]`` bool of usable rewards, a ``[B]`` bool of samples
-    with no reward, and env metrics.
+    """One ``Environment.step`` on finished samples: rewards per component ``[B]``, a ``[B]`` bool
+    of usable rewards, a ``[B]`` bool of samples with no reward, and the environment's metrics.
 
     A reward of None means "no reward" (``EnvironmentReturn``): a sample whose every component is
     None leaves the loss and the baseline like a failure, but is no failure (never raised, not in
-    ``env.max_failed_fraction``); a None next to a number counts 0. If the batched call raises,
-    each sample is retried alone to find which ones fail, so the error (or the masking) names the
-    sample instead of the whole batch.
+    ``env.max_failed_fraction``); a None next to a number counts 0. See ``environment_step``.
     """
-    size = len(logs)
-    entries: list[dict[str, float] | Exception]
-
-    def describe(i: int) -> str:
-        return (f"sample {i} ({sources[i]}, prompt {_short(prompt_message(logs[i]).content)}, "
-                f"response {_short(logs[i][-1].content)})")
-
-    try:
-        ret = _check_return(environment.step(logs, metadata), size)
-        names, metrics = sorted(ret.rewards), _check_metrics(ret.metrics, env_name)
-        entries = [{n: ret.rewards[n][i] for n in names} for i in range(size)]
-    except WorkerError:
-        raise  # a lost or stuck worker says nothing about the samples: never retried, never masked
-    except EnvironmentStepError:
-        raise
-    except Exception as batch_error:  # noqa: BLE001 - attribute the failure (or the hang) to samples
-        singles: list[EnvironmentReturn | Exception] = []
-        for i in range(size):
-            try:
-                singles.append(_check_return(environment.step([logs[i]], [metadata[i]]), 1))
-            except WorkerError:
-                raise
-            except CallTimeout as exc:  # a hang is not a bad reward: stop, naming the sample, whatever on_error says
-                raise EnvironmentStepError(f"environment {env_name!r} did not return a reward for {describe(i)} "
-                                           f"within {exc.elapsed:g} s (cluster.call_timeout_s); the run stops "
-                                           "rather than wait forever") from exc
-            except Exception as exc:  # noqa: BLE001
-                singles.append(exc)
-        ok = [r for r in singles if isinstance(r, EnvironmentReturn)]
-        if len(ok) == size:
-            raise EnvironmentStepError(f"environment {env_name!r} failed on the batch but on no single sample: "
-                                       f"{type(batch_error).__name__}: {batch_error}") from batch_error
-        names, metrics = (sorted(ok[0].rewards) if ok else ["reward"]), {}
-        entries = [r if isinstance(r, Exception) else {n: r.rewards.get(n, [math.nan])[0] for n in names}
-                   for r in singles]
-
-    rewards = {name: torch.zeros(size, dtype=torch.float32) for name in names}
-    valid = torch.ones(size, dtype=torch.bool)
-    missing = torch.zeros(size, dtype=torch.bool)
-    for i, entry in enumerate(entries):
-        present = {} if isinstance(entry, Exception) else {n: v for n, v in entry.items() if v is not None}
-        if not isinstance(entry, Exception) and not present:
-            missing[i], valid[i] = True, False  # no reward: out of the loss and the baseline, not a failure
-            continue
-        failure = entry if isinstance(entry, Exception) else next(
-            (RewardFailure(f"reward {n!r} is {v!r}, not a finite number") for n, v in present.items()
-             if _as_reward(v) is None), None)
-        if failure is None:
-            for name, value in present.items():  # a None beside a scored component counts 0
-                rewards[name][i] = _as_reward(value)
-        elif on_error == "raise":
-            raise EnvironmentStepError(
-                f"environment {env_name!r} failed on {describe(i)}: {type(failure).__name__}: {failure} "
-                "(env.on_reward_error=mask drops such samples from the loss instead)") from failure
-        else:
-            valid[i] = False  # its reward stays 0 and it leaves the loss and the baseline
-    return rewards, valid, missing, metrics
+    results, names, metrics = step_environment(environment, env_name, logs, metadata, sources, on_error)
+    rewards = {name: torch.tensor([r.rewards.get(name) or 0.0 for r in results], dtype=torch.float32)
+               for name in names}
+    failed = torch.tensor([r.failure is not None for r in results], dtype=torch.bool)
+    missing = torch.tensor([r.failure is None and all(v is None for v in r.rewards.values()) for r in results],
+                           dtype=torch.bool)
+    return rewards, ~failed & ~missing, missing, metrics
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -196,9 +96,9 @@ class RolloutBatch:
 
     prompt_ids: torch.Tensor  # [B, P] left-padded
     prompt_mask: torch.Tensor  # [B, P]
-    response_ids: torch.Tensor  # [B, R] right-padded
+    response_ids: torch.Tensor  # [B, R] right-padded: every token after the prompt
     response_lengths: torch.Tensor  # [B]
-    generation_logprobs: torch.Tensor  # [B, R]
+    generation_logprobs: torch.Tensor  # [B, R], 0 on environment tokens
     truncated: torch.Tensor  # [B] bool
     group_ids: torch.Tensor  # [B]
     reward_components: dict[str, torch.Tensor]  # name -> [B], as the environment returned them
@@ -211,10 +111,23 @@ class RolloutBatch:
     token_weight_versions: torch.Tensor | None = None  # [B, R] long, after an in-flight update; None: all weight_version
     rewards: torch.Tensor | None = None  # [B] total after scaling and shaping
     unshaped_rewards: torch.Tensor | None = None  # [B] total after scaling, before shaping
+    # [B, R] bool: the tokens the model sampled (multi-turn: not the environment's); None: the whole response
+    generated_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.prompt_ids.shape[0])
+
+    @property
+    def sampled(self) -> torch.Tensor:
+        """``[B, R]`` bool: True on the tokens the model sampled."""
+        response = torch.arange(self.response_ids.shape[1])[None, :] < self.response_lengths[:, None]
+        return response if self.generated_mask is None else response & self.generated_mask
+
+    @property
+    def generated_lengths(self) -> torch.Tensor:
+        """``[B]``: tokens the model sampled per row (the response length of a single-turn row)."""
+        return self.response_lengths if self.generated_mask is None else self.sampled.sum(1)
 
     def select(self, index: torch.Tensor) -> RolloutBatch:
         """The rows ``index`` (a bool mask or positions), in order."""
@@ -243,6 +156,10 @@ class RolloutBatch:
             values = [getattr(b, name) for b in batches]
             return None if any(v is None for v in values) else torch.cat(values)
 
+        generated = None
+        if any(b.generated_mask is not None for b in batches):
+            generated = torch.cat([torch.nn.functional.pad(b.sampled, (0, response_width - b.response_ids.shape[1]),
+                                                           value=False) for b in batches])
         versions = None
         if any(b.token_weight_versions is not None for b in batches):
             versions = torch.cat([torch.nn.functional.pad(
@@ -250,7 +167,7 @@ class RolloutBatch:
                 else torch.full(b.response_ids.shape, b.weight_version, dtype=torch.long),
                 (0, response_width - b.response_ids.shape[1]), value=b.weight_version) for b in batches])
         return RolloutBatch(
-            token_weight_versions=versions,
+            token_weight_versions=versions, generated_mask=generated,
             prompt_ids=pad("prompt_ids", prompt_width, True, first.pad_token_id),
             prompt_mask=pad("prompt_mask", prompt_width, True, 0),
             response_ids=pad("response_ids", response_width, False, first.pad_token_id),
@@ -271,7 +188,7 @@ class RolloutBatch:
         return TrainBatch(
             input_ids=torch.cat([self.prompt_ids, self.response_ids], dim=1),
             attention_mask=torch.cat([self.prompt_mask, response_mask], dim=1),
-            token_mask=torch.cat([torch.zeros_like(self.prompt_ids), response_mask], dim=1).float(),
+            token_mask=torch.cat([torch.zeros_like(self.prompt_ids), self.sampled.long()], dim=1).float(),
             sample_mask=sample_mask,
             generation_logprobs=torch.cat([torch.zeros(self.prompt_ids.shape), self.generation_logprobs], dim=1),
             group_ids=self.group_ids,
@@ -283,42 +200,49 @@ class RolloutBatch:
 def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: Any,
                      sampling: SamplingParams, max_prompt_tokens: int, group_offset: int,
                      num_generations: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
-    """Generate ``num_generations`` (default ``grpo.num_generations_per_prompt``) responses per
-    prompt and score them."""
+    """Play ``num_generations`` (default ``grpo.num_generations_per_prompt``) episodes per prompt,
+    up to ``grpo.max_rollout_turns`` turns each, and score them."""
     G = num_generations or cfg.grpo.num_generations_per_prompt
     prompt_ids = tokenize_prompts(tokenizer, prompts, max_prompt_tokens)
-    rows = [ids for ids in prompt_ids for _ in range(G)]
-    row_prompts = [p for p in prompts for _ in range(G)]
-    input_ids, attention_mask = left_pad(rows, tokenizer.pad_token_id)
-
-    generation.prepare_for_generation()
-    out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask), sampling)
-    generation.finish_generation()
-
-    lengths = out.response_lengths.tolist()
-    truncated = out.truncated.tolist()
-    response_rows = out.response_ids.tolist()
-    logprob_rows = out.logprobs.tolist()
-    logs, metadata = [], []
-    for i, prompt in enumerate(row_prompts):
-        tokens = response_rows[i][:lengths[i]]
-        text_tokens = tokens if truncated[i] else tokens[:-1]  # drop the stop token from the text
-        text = tokenizer.decode(text_tokens, skip_special_tokens=False)
-        logs.append([*prompt_log(prompt, rows[i]),
-                     Message(role="assistant", content=text, token_ids=tuple(tokens),
-                             generation_logprobs=tuple(logprob_rows[i][:lengths[i]]))])
-        metadata.append(dict(prompt.metadata))
-    rewards, valid, missing, env_metrics = score(environment, cfg.env.name, logs, metadata,
-                                                 [p.source for p in row_prompts], cfg.env.on_reward_error)
-    batch = RolloutBatch(
-        prompt_ids=input_ids, prompt_mask=attention_mask, response_ids=out.response_ids,
-        response_lengths=out.response_lengths, generation_logprobs=out.logprobs, truncated=out.truncated.bool(),
-        group_ids=torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G),
-        reward_components=rewards, reward_valid=valid, reward_missing=missing, message_logs=logs, metadata=metadata,
-        pad_token_id=tokenizer.pad_token_id, weight_version=out.weight_version,
-        token_weight_versions=out.token_weight_versions,
-    )
+    chat = cfg.data.use_chat_template
+    episodes = [Episode(prompt_ids=ids, log=prompt_log(prompt, ids), metadata=dict(prompt.metadata),
+                        source=prompt.source, chat=chat or prompt.messages is not None)
+                for prompt, ids in zip(prompts, prompt_ids) for _ in range(G)]
+    names, env_metrics = run_episodes(
+        episodes, generation=generation, environment=environment, env_name=cfg.env.name,
+        on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
+        max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
+    batch = batch_of(episodes, names, tokenizer.pad_token_id,
+                     torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G))
     return batch, {f"env/{k}": float(v) for k, v in env_metrics.items()}
+
+
+def batch_of(episodes: list[Episode], names: list[str], pad_token_id: int, group_ids: torch.Tensor) -> RolloutBatch:
+    """The finished episodes as one batch: prompts left-padded, everything after them right-padded."""
+    prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_token_id)
+    width = max((len(e.tokens) for e in episodes), default=0)
+
+    def right(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype).reshape(-1, width)
+
+    oldest = min((v for e in episodes for v, g in zip(e.versions, e.generated) if g), default=0)
+    versions = right([e.versions for e in episodes], oldest, torch.long)
+    single_turn = all(all(e.generated) for e in episodes)
+    failed = torch.tensor([e.failure is not None for e in episodes], dtype=torch.bool)
+    missing = torch.tensor([e.failure is None and not e.scored for e in episodes], dtype=torch.bool)
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=right([e.tokens for e in episodes],
+                                                                            pad_token_id, torch.long),
+        response_lengths=torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long),
+        generation_logprobs=right([e.logprobs for e in episodes], 0.0, torch.float32),
+        truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool), group_ids=group_ids,
+        reward_components={n: torch.tensor([e.rewards.get(n, 0.0) if e.failure is None else 0.0 for e in episodes],
+                                           dtype=torch.float32) for n in names},
+        reward_valid=~failed & ~missing, reward_missing=missing,
+        message_logs=[e.log for e in episodes], metadata=[e.metadata for e in episodes], pad_token_id=pad_token_id,
+        weight_version=oldest, token_weight_versions=None if bool((versions == oldest).all()) else versions,
+        generated_mask=None if single_turn else right([e.generated for e in episodes], False, torch.bool),
+    )
 
 
 def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[str, float]:
@@ -326,7 +250,7 @@ def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[
     valid = torch.cat([b.reward_valid for b in batches])
     missing = torch.cat([b.reward_missing for b in batches])
     rewards = torch.cat([b.rewards for b in batches])[valid]
-    lengths = torch.cat([b.response_lengths for b in batches])
+    lengths = torch.cat([b.generated_lengths for b in batches])
     metrics = {
         "reward/mean": float(rewards.mean()) if rewards.numel() else float("nan"),
         "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
@@ -341,6 +265,9 @@ def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[
     for name in batches[0].reward_components:
         component = torch.cat([b.reward_components[name] for b in batches])[valid]
         metrics[f"reward/{name}"] = float(component.mean()) if component.numel() else float("nan")
+    logs = [log for b in batches for log in b.message_logs]
+    if any(b.generated_mask is not None for b in batches) or any(m.flags for log in logs for m in log):
+        metrics.update(episode_metrics(logs))
     return metrics
 
 

@@ -54,6 +54,7 @@ from grpo_sdk.runtime import make_runtime
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
+from grpo_sdk.trainer.episodes import override_turn_advantages
 from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
@@ -392,7 +393,9 @@ class GRPOTrainer:
             valid_mask=rollouts.reward_valid, sample_mask=batch.sample_mask, prev_logprobs=batch.prev_logprobs,
             reference_logprobs=batch.reference_logprobs, teacher_logprobs=teacher_logprobs,
             generation_logprobs=batch.generation_logprobs, metadata=rollouts.metadata)
-        batch.advantages = clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high)
+        batch.advantages, override_metrics = override_turn_advantages(
+            clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high), rollouts, cfg.grpo)
+        metrics.update(override_metrics)
         if isinstance(parts.estimator, ReportsMetrics):
             metrics.update(parts.estimator.last_metrics)
         response_advantages = batch.advantages[mask > 0]
@@ -567,11 +570,14 @@ def reached(grpo: Any, validation: dict[str, float]) -> bool:
 
 
 def dump_batch(path: Path, rollouts: RolloutBatch, batch: Any) -> None:
-    """One JSON object per sample, the seed's train_data_step*.jsonl fields."""
+    """One JSON object per sample, the seed's train_data_step*.jsonl fields; ``content`` holds the
+    whole episode, every turn (with its token count and, where the environment set them, its flags)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for i, log in enumerate(rollouts.message_logs):
-            row = {"content": [{"role": m.role, "content": m.content} for m in log],
+            row = {"content": [{"role": m.role, "content": m.content, "num_tokens": len(m.token_ids),
+                                **({"flags": list(m.flags)} if m.flags else {})} for m in log],
+                   "truncated": bool(rollouts.truncated[i]),
                    "rewards": float(batch.rewards[i]) if batch is not None else float(rollouts.rewards[i])}
             if batch is not None:
                 valid = batch.attention_mask[i].bool()

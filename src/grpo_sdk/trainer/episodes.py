@@ -1,0 +1,288 @@
+"""Episodes: a prompt, then assistant turns and environment turns, carried as token ids.
+
+Token in, token out (docs/multi-turn.md): an assistant turn is kept exactly as it was sampled,
+never decoded and encoded again, and an environment turn is tokenised once, when it arrives, as
+the chat template continues the conversation. The next turn is generated from those very ids and
+the policy is trained on them, so the train sequence is, token for token, what the generation
+backend saw: no retokenisation drift between turns.
+
+One turn for every episode still going, batched across episodes::
+
+    generate one assistant turn per episode          (one Generation.generate call)
+    step the environment on those episodes           (one Environment.step call)
+    append each observation's tokens; end the episodes that are done, out of turns
+    (grpo.max_rollout_turns) or out of room (policy.max_total_sequence_length)
+
+A single-turn environment (``done`` None) ends every episode after its first turn: exactly the
+single-turn rollout, token for token.
+
+An episode is truncated when its last assistant turn ended without a stop token (at
+``max_new_tokens`` or at the end of the room left), or when the environment's next turn did not
+fit; ``grpo.overlong_filtering`` drops truncated episodes from the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+
+from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.records import GenerationInput, Message, SamplingParams
+from grpo_sdk.trainer.environment_step import step_environment
+
+_SENTINEL = "\u2063grpo-sdk-assistant-turn\u2063"  # text no real turn holds (an invisible separator around a name)
+_BASE = ({"role": "user", "content": "?"},)
+
+
+@attrs.define(kw_only=True, eq=False)
+class Episode:
+    """One row of a rollout batch while its turns are generated."""
+
+    prompt_ids: list[int]
+    log: list[Message]  # the prompt's messages, then every turn
+    metadata: dict[str, Any]
+    source: str
+    chat: bool  # the prompt was rendered by the chat template, so environment turns are too
+    tokens: list[int] = attrs.field(factory=list)  # every token after the prompt
+    generated: list[bool] = attrs.field(factory=list)  # per token: sampled by the model (the loss's tokens)
+    logprobs: list[float] = attrs.field(factory=list)  # per token: generation logprob, 0 on environment tokens
+    versions: list[int] = attrs.field(factory=list)  # per token: the weights that sampled it
+    rewards: dict[str, float] = attrs.field(factory=dict)  # summed over the turns
+    scored: bool = False  # some turn gave a reward
+    failure: BaseException | None = None  # the environment failed on it (env.on_reward_error=mask)
+    done: bool = False
+    truncated: bool = False
+    stop_token: int | None = None  # the token that ended the last assistant turn; None: it ran out of tokens
+    full: bool = False  # the sequence reached policy.max_total_sequence_length: nothing more can follow
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
+
+class EnvironmentTurns:
+    """Token ids of environment turns, each computed once.
+
+    A chat-template episode continues as the template continues a conversation: the text from the
+    end of the assistant's turn to the next generation prompt, found by rendering a fixed
+    conversation with and without the new messages (the template must be append-only: a message
+    added at the end may only add text at the end). A stop token the model sampled that the
+    template would also have written (``<|im_end|>``) is not written again. A plain-text episode
+    continues with the messages' contents, tokenised without special tokens.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._assistant_tail: str | None = None
+        self._closed: str | None = None
+
+    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def _chat_text(self, messages: Sequence[Message], stop_token: int | None) -> str:
+        if self._closed is None:
+            self._closed = self._render([*_BASE, {"role": "assistant", "content": _SENTINEL}], False)
+            self._assistant_tail = self._closed[self._closed.index(_SENTINEL) + len(_SENTINEL):]
+        following = self._render([*_BASE, {"role": "assistant", "content": _SENTINEL},
+                                  *({"role": m.role, "content": m.content} for m in messages)], True)
+        if not following.startswith(self._closed):
+            raise GrpoSdkError(
+                f"the tokenizer's chat template ({getattr(self.tokenizer, 'name_or_path', '')!r}) rewrites earlier "
+                f"turns when a {messages[0].role if messages else 'new'} message follows the assistant's, so a "
+                "multi-turn episode cannot be continued token for token; use a template that only appends "
+                "(docs/multi-turn.md), or plain-text prompts (data.use_chat_template=false)")
+        tail = self._assistant_tail
+        if stop_token is not None:
+            stop_text = self.tokenizer.decode([stop_token], skip_special_tokens=False)
+            if stop_text and tail.startswith(stop_text):
+                tail = tail[len(stop_text):]  # the model wrote the template's end of turn itself
+        return tail + following[len(self._closed):]
+
+    def encode(self, turns: Sequence[tuple[Sequence[Message], int | None, bool]]) -> list[list[int]]:
+        """Token ids of each ``(messages, the assistant's stop token, chat)`` turn."""
+        texts = [self._chat_text(messages, stop) if chat else "".join(m.content for m in messages)
+                 for messages, stop, chat in turns]
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, env_name: str, on_error: str,
+                 sampling: SamplingParams, max_turns: int, max_total_tokens: int, tokenizer: Any,
+                 turns: EnvironmentTurns | None = None) -> tuple[list[str], dict[str, float]]:
+    """Play every episode to its end; the reward components' names and the environment's metrics
+    (each call's, weighted by its samples)."""
+    from grpo_sdk.trainer.rollout import left_pad  # rollout builds batches from episodes: import here, no cycle
+
+    turns = turns or EnvironmentTurns(tokenizer)
+    names: set[str] = set()
+    sums: dict[str, float] = {}
+    samples = 0
+    generation.prepare_for_generation()
+    try:
+        for turn in range(1, max_turns + 1):
+            active = [e for e in episodes if not e.done]
+            if not active:
+                break
+            room = [max_total_tokens - len(e.context) for e in active]
+            limit = min(sampling.max_new_tokens, max(room))
+            turn_sampling = sampling if limit == sampling.max_new_tokens else attrs.evolve(sampling,
+                                                                                           max_new_tokens=limit)
+            if sampling.seed is not None and turn > 1:  # reproducible (validation), yet a fresh draw each turn
+                turn_sampling = attrs.evolve(turn_sampling, seed=sampling.seed + turn - 1)
+            input_ids, attention_mask = left_pad([e.context for e in active], tokenizer.pad_token_id)
+            out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask),
+                                      turn_sampling)
+            _take_turn(active, room, out, tokenizer)
+
+            results, call_names, metrics = step_environment(
+                environment, env_name, [e.log for e in active], [e.metadata for e in active],
+                [e.source for e in active], on_error)
+            names.update(call_names)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * len(active)
+            samples += len(active)
+            going = _apply_results(active, results, last_turn=turn == max_turns)
+            _append_environment_turns(going, turns, max_total_tokens)
+    finally:
+        generation.finish_generation()
+    for episode in episodes:
+        episode.done = True
+    return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
+
+
+def _take_turn(active: list[Episode], room: list[int], out: Any, tokenizer: Any) -> None:
+    """Append each episode's sampled turn: its tokens as sampled, cut where the room ends."""
+    lengths = out.response_lengths.tolist()
+    stopped = (~out.truncated.bool()).tolist()
+    tokens, logprobs = out.response_ids.tolist(), out.logprobs.tolist()
+    versions = out.token_weight_versions.tolist() if out.token_weight_versions is not None else None
+    turns = []
+    for i, episode in enumerate(active):
+        n = min(lengths[i], room[i])
+        ids, turn_logprobs = tokens[i][:n], logprobs[i][:n]
+        episode.stop_token = ids[-1] if stopped[i] and n == lengths[i] and ids else None
+        episode.truncated = episode.stop_token is None
+        episode.full = n >= room[i]
+        episode.tokens += ids
+        episode.generated += [True] * n
+        episode.logprobs += turn_logprobs
+        episode.versions += versions[i][:n] if versions is not None else [out.weight_version] * n
+        turns.append((ids, turn_logprobs))
+    # The stop token ends the turn; it is not the turn's text (an environment sees what the model said).
+    texts = tokenizer.batch_decode([ids if e.stop_token is None else ids[:-1] for e, (ids, _) in zip(active, turns)],
+                                   skip_special_tokens=False)
+    for episode, (ids, turn_logprobs), text in zip(active, turns, texts):
+        episode.log.append(Message(role="assistant", content=text, token_ids=tuple(ids),
+                                   generation_logprobs=tuple(turn_logprobs)))
+
+
+def _apply_results(active: list[Episode], results: list[Any], *, last_turn: bool) -> list[tuple[Episode, Any]]:
+    """Record each episode's rewards, metadata and flags; end those that are done. The episodes that
+    go on, with the messages that continue them."""
+    going = []
+    for episode, result in zip(active, results):
+        if result.failure is not None:
+            episode.failure, episode.done = result.failure, True
+            continue
+        for name, value in result.rewards.items():
+            if value is not None:
+                episode.rewards[name] = episode.rewards.get(name, 0.0) + value
+                episode.scored = True
+        if result.metadata is not None:
+            episode.metadata = result.metadata
+        if result.flags:
+            episode.log[-1] = attrs.evolve(episode.log[-1], flags=result.flags)
+        if result.done or last_turn or episode.full:
+            episode.done = True
+        else:
+            going.append((episode, result.observation))
+    return going
+
+
+def _append_environment_turns(going: list[tuple[Episode, Any]], turns: EnvironmentTurns,
+                              max_total_tokens: int) -> None:
+    """Append each observation as tokens (not trained on); an episode it would leave no room in ends
+    truncated, the observation unseen."""
+    encoded = turns.encode([(messages, e.stop_token, e.chat) for e, messages in going])
+    for (episode, messages), ids in zip(going, encoded):
+        if len(episode.context) + len(ids) >= max_total_tokens:
+            episode.done, episode.truncated = True, True
+            continue
+        version = episode.versions[-1] if episode.versions else 0
+        episode.tokens += ids
+        episode.generated += [False] * len(ids)
+        episode.logprobs += [0.0] * len(ids)
+        episode.versions += [version] * len(ids)
+        # The turn's tokens (template text around the messages included) are on its first message.
+        for j, message in enumerate(messages):
+            episode.log.append(attrs.evolve(message, token_ids=tuple(ids) if j == 0 else (),
+                                            generation_logprobs=None, flags=()))
+        if not messages and ids:
+            episode.log.append(Message(role="environment", content="", token_ids=tuple(ids)))
+
+
+def response_messages(log: Sequence[Message]) -> list[Message]:
+    """The messages after the prompt: the first generated turn and everything after it. Their token
+    ids, in order, are the row's response tokens."""
+    first = next((i for i, m in enumerate(log) if m.generation_logprobs is not None), len(log))
+    return list(log[first:])
+
+
+def episode_metrics(logs: Sequence[Sequence[Message]]) -> dict[str, float]:
+    """Turns and their lengths over a step's episodes; for each flag an environment set, the
+    fraction of assistant turns that carry it (``episode/<flag>_rate``)."""
+    turns, assistant_tokens, environment_tokens, environment_turns = [], 0, 0, 0
+    flagged: dict[str, int] = {}
+    for log in logs:
+        messages = response_messages(log)
+        generated = [m for m in messages if m.generation_logprobs is not None]
+        turns.append(len(generated))
+        assistant_tokens += sum(len(m.token_ids) for m in generated)
+        environment_turns += sum(1 for m in messages if m.generation_logprobs is None and m.token_ids)
+        environment_tokens += sum(len(m.token_ids) for m in messages if m.generation_logprobs is None)
+        for message in generated:
+            for flag in message.flags:
+                flagged[flag] = flagged.get(flag, 0) + 1
+    total = max(sum(turns), 1)
+    out = {"episode/turns_mean": sum(turns) / max(len(turns), 1), "episode/turns_max": float(max(turns, default=0)),
+           "episode/assistant_tokens_per_turn": assistant_tokens / total,
+           "episode/environment_tokens_per_turn": environment_tokens / max(environment_turns, 1)}
+    out.update({f"episode/{flag}_rate": count / total for flag, count in sorted(flagged.items())})
+    return out
+
+
+OVERRIDES = {"invalid_tool_call": "invalid_tool_call_advantage", "malformed_thinking": "malformed_thinking_advantage"}
+
+
+def override_turn_advantages(advantages: Any, rollouts: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
+    """The seed's message-level overrides: every token of an assistant turn flagged
+    ``invalid_tool_call`` (``malformed_thinking``) gets ``grpo.invalid_tool_call_advantage``
+    (``grpo.malformed_thinking_advantage``) in place of the estimator's advantage; a turn with both
+    flags takes the first. Applied after advantage clipping, so the configured value is what the
+    turn gets (the seed clipped after, which could cancel a penalty below advantage_clip_low).
+    Returns the advantages (a copy when any changed) and the seed's metrics."""
+    values = {flag: getattr(grpo, key) for flag, key in OVERRIDES.items() if getattr(grpo, key) is not None}
+    if not values:
+        return advantages, {}
+    counts = dict.fromkeys(OVERRIDES, 0)
+    turns, changed = 0, False
+    start = rollouts.prompt_ids.shape[1]
+    for row, log in enumerate(rollouts.message_logs):
+        offset = start
+        for message in response_messages(log):
+            stop = offset + len(message.token_ids)
+            if message.generation_logprobs is not None:
+                turns += 1
+                flag = next((f for f in values if f in message.flags), None)
+                if flag is not None:
+                    if not changed:  # an estimator may return a broadcast view: write into a copy
+                        advantages, changed = advantages.clone(), True
+                    advantages[row, offset:stop] = values[flag]
+                    counts[flag] += 1
+            offset = stop
+    metrics = {"num_assistant_messages": float(turns)}
+    for flag, count in counts.items():
+        metrics[f"num_{flag}s" if flag == "invalid_tool_call" else f"num_{flag}"] = float(count)
+        metrics[f"{flag}_rate"] = count / max(turns, 1)
+    return advantages, metrics
