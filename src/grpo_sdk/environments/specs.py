@@ -269,3 +269,94 @@ REWARD_MODEL = ComponentSpec(
     summary="A Hugging Face sequence-classification reward model scores (prompt, response) pairs in batches; "
             "optional rule functions as further weighted components.",
 )
+
+
+NETWORK_ISOLATION = ("required", "best_effort", "off")
+
+
+def _check_hidden(instance: Any, attribute: Any, value: list[str]) -> None:
+    bad = [p for p in value if not (p.startswith("/") or p.startswith("~")) or p.rstrip("/") in ("", "/tmp")]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))}: each hidden path must be absolute (or start with ~), and "
+                         "neither / nor /tmp (the sandbox's scratch space), e.g. [~, /data]")
+
+
+@attrs.frozen(kw_only=True)
+class CodeEnvConfig:
+    tests_key: str = option("tests", "Key of the tests in each row's metadata: a list of test snippets (each one "
+                            "test, e.g. 'assert add(1, 2) == 3', run after the code in its namespace) or one "
+                            "string (a single test).", validator=attrs.validators.min_len(1))
+    partial_credit: bool = option(False, "false: reward 1 when every test passes, else 0. true: the fraction of "
+                                  "the tests that passed.")
+    num_workers: int = option(4, "Snippets run at once (one process each; a process starts in about 30 ms).",
+                              validator=[attrs.validators.gt(0), attrs.validators.le(MAX_THREADS)])
+    timeout_s: float = option(10.0, "Wall-clock seconds one snippet (its code and all its tests) may take; then "
+                              "the whole sandbox is killed and the outcome is 'timeout'.",
+                              validator=[attrs.validators.gt(0), attrs.validators.le(3600)])
+    cpu_s: int = option(5, "CPU seconds one snippet may use (RLIMIT_CPU, over all its threads).",
+                        validator=[attrs.validators.gt(0), attrs.validators.le(3600)])
+    memory_mb: int = option(1024, "Address space of each sandbox process, MiB (RLIMIT_AS); the interpreter "
+                            "alone maps about 30.", validator=[attrs.validators.ge(64), attrs.validators.le(1 << 20)])
+    file_size_mb: int = option(16, "Largest file a snippet may write, MiB (RLIMIT_FSIZE).",
+                               validator=[attrs.validators.ge(0), attrs.validators.le(1 << 20)])
+    disk_mb: int = option(64, "Size of each private scratch tmpfs (/tmp, which holds the working directory, "
+                          "/var/tmp, /dev/shm), MiB; it is memory, freed when the snippet ends.",
+                          validator=[attrs.validators.gt(0), attrs.validators.le(1 << 20)])
+    max_processes: int = option(16, "Processes (and threads) a snippet may have at once (RLIMIT_NPROC, for the "
+                                "sandbox's own uid).", validator=[attrs.validators.gt(0), attrs.validators.le(4096)])
+    max_open_files: int = option(64, "Open file descriptors per sandbox process (RLIMIT_NOFILE).",
+                                 validator=[attrs.validators.ge(16), attrs.validators.le(65536)])
+    max_output_bytes: int = option(65536, "Bytes read of stdout and of stderr each; a snippet that writes more is "
+                                   "killed ('killed', output limit).",
+                                   validator=[attrs.validators.gt(0), attrs.validators.le(1 << 30)])
+    network_isolation: str = option("required", "required: every snippet runs in a network namespace of its own "
+                                    "(no interface but a down loopback), and the environment refuses to start "
+                                    "where none can be made. best_effort: the same where the machine allows it. "
+                                    "off: snippets share the trainer's network.",
+                                    validator=attrs.validators.in_(NETWORK_ISOLATION))
+    hidden_paths: list[str] = option(factory=lambda: ["~"], validator=_check_hidden, help=(
+        "Directories a snippet sees as empty (an empty read-only tmpfs over each, in its mount namespace; the "
+        "interpreter's own directories are bound back). ~ is the trainer's home."))
+    python: str = option("", "Interpreter that runs the snippets; empty: the trainer's own (its installed "
+                         "packages importable).")
+
+
+def check_code_env(config: Any, options: CodeEnvConfig | None, registry: Any) -> list[tuple[str, str]]:
+    import os
+    import shutil
+
+    options = options or CodeEnvConfig()
+    problems = []
+    if options.python and not (os.path.isabs(options.python) and os.access(options.python, os.X_OK)):
+        found = shutil.which(options.python)
+        problems.append(("env.code.python", f"{options.python!r} is not an executable file; give its absolute path"
+                         + (f", e.g. {found}" if found else "")))
+    if options.cpu_s > options.timeout_s:
+        problems.append(("env.code.cpu_s", f"{options.cpu_s} CPU seconds can never be used within the "
+                         f"{options.timeout_s:g} s of env.code.timeout_s; set cpu_s <= timeout_s"))
+    if problems:
+        return problems
+    # The sandbox tries itself out now, so a machine that cannot isolate it fails `config validate`.
+    from grpo_sdk.environments.sandbox import Sandbox, SandboxError
+    from grpo_sdk.plugins import ConfigError
+
+    try:
+        Sandbox(options).close()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except SandboxError as exc:
+        problems.append(("env.code", str(exc)))
+    return problems
+
+
+CODE = ComponentSpec(
+    name="code",
+    kind="environment",
+    impl="grpo_sdk.environments.code_env:CodeEnvironment",
+    config="grpo_sdk.environments.specs:CodeEnvConfig",
+    check="grpo_sdk.environments.specs:check_code_env",
+    metrics={"sandbox_passed", "sandbox_failed", "sandbox_timeout", "sandbox_killed", "sandbox_error",
+             "test_pass_rate", "fenced_fraction"},
+    summary="Python code scored against tests in a sandbox (a process each, resource limits, no network); reward 1 "
+            "when every test passes (or the fraction passed).",
+)
