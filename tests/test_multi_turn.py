@@ -35,6 +35,9 @@ class CountingTurns(ReverseDigitsEnvironment):
 
     fail_on_turn: int | None = None
 
+    def tool_schemas(self):
+        return []  # it flags "invalid_tool_call" but offers no tool: nothing to render
+
     def step(self, message_logs, metadata):
         rewards, done, observations, meta, flags = [], [], [], [], []
         for log, m in zip(message_logs, metadata):
@@ -58,7 +61,7 @@ class Components:
     @hookimpl
     def grpo_components(self):
         return [ComponentSpec(name=name, kind="environment", impl=f"{__name__}:{impl}",
-                              capabilities={"generates_prompts"})
+                              capabilities={"generates_prompts", "multi_turn", "tool_calls"})
                 for name, impl in (("counting_turns", "CountingTurns"), ("failing_turns", "FailingTurns"))]
 
 
@@ -252,3 +255,34 @@ def test_multi_turn_groups_round_trip_through_the_replay_buffer(registry, tmp_pa
     for before, after in zip(buffer.groups(), restored.groups()):
         assert_same_group(before, after)
         assert torch.equal(before.rollouts.sampled, after.rollouts.sampled)
+
+
+def test_malformed_thinking_is_flagged_on_any_episode_and_overridden(registry, tmp_path, tiny_model_dir):
+    # think tags from the character vocabulary: a turn that writes the open tag "a" is malformed
+    trainer = trainer_for(registry, tmp_path, tiny_model_dir, "grpo.malformed_thinking_advantage=-2.0",
+                          'reward_penalties.thinking_tags=["a","b"]')
+    metrics, rollouts = trainer.train_step()
+    turns = [m for log in rollouts.message_logs for m in log if m.generation_logprobs is not None]
+    assert any("a" in m.content for m in turns)
+    for m in turns:
+        assert ("malformed_thinking" in m.flags) == ("a" in m.content or m.content.count("b") > 1)
+    assert metrics["num_malformed_thinking"] == sum("malformed_thinking" in m.flags for m in turns)
+
+
+def test_override_needs_an_environment_that_flags_tool_calls(registry, tmp_path, tiny_model_dir):
+    from conftest import config_problems
+
+    problems = config_problems(registry, "grpo.invalid_tool_call_advantage=-5")
+    assert "does not flag invalid tool calls" in problems["grpo.invalid_tool_call_advantage"]
+
+
+def test_a_multi_turn_environment_with_one_turn_warns(registry, caplog):
+    from grpo_sdk.core.config_loader import load_config
+
+    with caplog.at_level("WARNING"):
+        load_config(None, ["env.name=counting_turns"], registry)
+    assert "every episode ends after its first assistant turn" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load_config(None, ["env.name=counting_turns", "grpo.max_rollout_turns=3"], registry)
+    assert "first assistant turn" not in caplog.text

@@ -41,6 +41,15 @@ class Capability(enum.StrEnum):
     """estimator: needs a teacher model's logprobs (``teacher_logprobs`` in the extras); the run
     builds the teacher (``on_policy_distillation.teacher_model``, required) only for such an
     estimator. Read by the config checks and the trainer."""
+    MULTI_TURN = "multi_turn"
+    """environment: may continue an episode after an assistant turn (``EnvironmentReturn.done``
+    False, with observations: the ``MultiTurnEnvironment`` contract). Read by the config checks
+    (with ``grpo.max_rollout_turns=1`` every episode ends after its first turn: a warning)."""
+    TOOL_CALLS = "tool_calls"
+    """environment: offers tools (``DeclaresTools.tool_schemas``, rendered into every prompt's chat
+    template) and flags invalid calls ``"invalid_tool_call"``. Read by the config checks
+    (``grpo.invalid_tool_call_advantage`` requires it) and the contract kit (``tool_schemas`` must
+    be there)."""
     RAY_WORKERS = "ray_workers"
     """weight_sync: runs its own code in the Ray worker groups (``WorkerGroup``), so it needs
     ``cluster.runtime=ray``. Read by the config checks."""
@@ -58,6 +67,8 @@ class Capability(enum.StrEnum):
 
 CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.GENERATES_PROMPTS: "environment",
+    Capability.MULTI_TURN: "environment",
+    Capability.TOOL_CALLS: "environment",
     Capability.GROUP_BASELINE: "estimator",
     Capability.KL_IN_REWARD: "estimator",
     Capability.PREV_LOGPROBS: "estimator",

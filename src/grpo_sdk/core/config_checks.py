@@ -20,6 +20,7 @@ import attrs
 
 from grpo_sdk.core import config as C
 from grpo_sdk.core.async_checks import async_warnings, check_async
+from grpo_sdk.core.episode_checks import check_episodes, episode_warnings
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
@@ -431,7 +432,7 @@ def check_memory(cfg: C.MasterConfig) -> list[tuple[str, str]]:
 
 def config_warnings(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Settings that are allowed but probably not what was meant; printed, never fatal."""
-    return check_metrics(cfg, registry)[1] + check_memory(cfg) + async_warnings(cfg)
+    return check_metrics(cfg, registry)[1] + check_memory(cfg) + async_warnings(cfg) + episode_warnings(cfg, registry)
 
 
 MAX_TEMPLATE_WIDTH = 10_000  # `{prompt:>99999999999}` would pad every prompt to gigabytes
@@ -596,4 +597,5 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_async(cfg, registry) + check_components(cfg, registry))
+            + check_weight_sync(cfg, registry) + check_async(cfg, registry) + check_episodes(cfg, registry)
+            + check_components(cfg, registry))

@@ -65,6 +65,7 @@ from grpo_sdk.core.protocols import (
     Worker,
     WorkerGroup,
 )
+from grpo_sdk.core.multi_turn import DeclaresTools, MultiTurnEnvironment
 from grpo_sdk.core.records import (
     EnvironmentReturn,
     GenerationInput,
@@ -98,6 +99,7 @@ __all__ = [
     "ConfigSection",
     "DataError",
     "DeclaresRewardComponents",
+    "DeclaresTools",
     "Environment",
     "EnvironmentReturn",
     "EnvironmentStepError",
@@ -111,6 +113,7 @@ __all__ = [
     "Logger",
     "LossFunction",
     "Message",
+    "MultiTurnEnvironment",
     "MessageLog",
     "ModelLoadError",
     "NonFiniteError",

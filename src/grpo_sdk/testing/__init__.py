@@ -70,6 +70,7 @@ import attrs
 
 from grpo_sdk.core import protocols
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.multi_turn import DeclaresTools
 from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
 from grpo_sdk.plugins.specs import KINDS, ComponentSpec
@@ -340,6 +341,7 @@ def signature_problem(required: inspect.Signature, actual: inspect.Signature) ->
 CAPABILITY_PROTOCOLS: dict[str, type] = {
     "generates_prompts": protocols.PromptSampler,
     "in_flight_weight_updates": protocols.PausesForRefit,
+    "tool_calls": DeclaresTools,
 }
 """A declared capability -> the optional protocol whose methods it promises (``check_protocol``)."""
 

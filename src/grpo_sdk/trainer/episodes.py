@@ -252,6 +252,17 @@ def episode_metrics(logs: Sequence[Sequence[Message]]) -> dict[str, float]:
     return out
 
 
+def flag_malformed_thinking(episodes: Sequence[Episode], open_tag: str, close_tag: str) -> None:
+    """Flag ``malformed_thinking`` on every generated turn whose think tags are malformed (the open tag
+    written, or the close tag twice: ``algorithms.reward_penalties.malformed_think``)."""
+    from grpo_sdk.algorithms.reward_penalties import malformed_think
+
+    for episode in episodes:
+        episode.log = [attrs.evolve(m, flags=(*m.flags, "malformed_thinking"))
+                       if m.generation_logprobs is not None and "malformed_thinking" not in m.flags
+                       and malformed_think(m.content, open_tag, close_tag) else m for m in episode.log]
+
+
 OVERRIDES = {"invalid_tool_call": "invalid_tool_call_advantage", "malformed_thinking": "malformed_thinking_advantage"}
 
 

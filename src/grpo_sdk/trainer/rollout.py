@@ -27,7 +27,7 @@ from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.trainer.data import Prompt, PromptBuilder
 from grpo_sdk.trainer.environment_step import prompt_message, step_environment
-from grpo_sdk.trainer.episodes import Episode, episode_metrics, run_episodes
+from grpo_sdk.trainer.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -212,6 +212,8 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
         episodes, generation=generation, environment=environment, env_name=cfg.env.name,
         on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
         max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
+    if cfg.grpo.malformed_thinking_advantage is not None:  # the seed's NeMo-Gym flagged these; any episode here
+        flag_malformed_thinking(episodes, *cfg.reward_penalties.thinking_tags)
     batch = batch_of(episodes, names, tokenizer.pad_token_id,
                      torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G))
     return batch, {f"env/{k}": float(v) for k, v in env_metrics.items()}
