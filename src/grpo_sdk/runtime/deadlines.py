@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.multi_turn import DeclaresTools
 from grpo_sdk.core.protocols import PromptSampler, SupportsShutdown
 
 
@@ -112,8 +113,8 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
 class EnvironmentDeadline:
     """An in-process environment whose ``step`` and ``sample_prompts`` have a deadline; every other
     attribute is the environment's own. It has the optional methods the environment has, and only
-    those (``PromptSampler``, ``SupportsShutdown``), so ``isinstance`` answers as for the
-    environment (Python 3.12+ looks protocol members up statically, past ``__getattr__``)."""
+    those (``PromptSampler``, ``SupportsShutdown``, ``DeclaresTools``), so ``isinstance`` answers as
+    for the environment (Python 3.12+ looks protocol members up statically, past ``__getattr__``)."""
 
     def __init__(self, environment: Any, name: str, timeout: float):
         self.component = environment  # the environment itself (for code that must know its class)
@@ -122,6 +123,8 @@ class EnvironmentDeadline:
             self.sample_prompts = self._sample_prompts
         if isinstance(environment, SupportsShutdown):
             self.shutdown = environment.shutdown
+        if isinstance(environment, DeclaresTools):
+            self.tool_schemas = environment.tool_schemas
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
         return call_with_deadline(self.component.step, message_logs, metadata, timeout=self._timeout,

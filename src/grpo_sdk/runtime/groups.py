@@ -393,24 +393,31 @@ def _replica_dir(path: str, index: int) -> str:
 
 
 class EnvironmentPool(WorkerGroup):
-    """The Environment protocol over K actors; ``sample_prompts`` (when the environment has it) runs
-    on a local instance so the driver's prompt stream is exactly the in-process one."""
+    """The Environment protocol over K actors; ``sample_prompts`` and ``tool_schemas`` (when the
+    environment has them) run on a local instance, so the driver's prompt stream is exactly the
+    in-process one and prompts are rendered with the tools without a remote call."""
 
     role = "environment"
 
     def __init__(self, runtime: Any, workers: list[WorkerHandle], *, max_concurrency: int,
-                 local_factory: Callable[[], Any] | None):
+                 local_factory: Callable[[], Any] | None, local_methods: Sequence[str] = ("sample_prompts",)):
         super().__init__(runtime, workers)
         self.max_concurrency = max_concurrency
         self._local_factory = local_factory
         self._local: Any = None
-        if local_factory is not None:
-            self.sample_prompts = self._sample_prompts  # only environments that make prompts have it
+        if local_factory is not None:  # only environments that have them have these
+            if "sample_prompts" in local_methods:
+                self.sample_prompts = self._sample_prompts
+            if "tool_schemas" in local_methods:
+                self.tool_schemas = lambda: self._local_instance().tool_schemas()
 
-    def _sample_prompts(self, num_prompts: int, rng: Any) -> Any:
+    def _local_instance(self) -> Any:
         if self._local is None:
             self._local = self._local_factory()
-        return self._local.sample_prompts(num_prompts, rng)
+        return self._local
+
+    def _sample_prompts(self, num_prompts: int, rng: Any) -> Any:
+        return self._local_instance().sample_prompts(num_prompts, rng)
 
     def step(self, message_logs: Sequence[Any], metadata: Sequence[dict[str, Any]]) -> Any:
         self._check_usable()
@@ -438,10 +445,18 @@ class EnvironmentPool(WorkerGroup):
             local.shutdown()
 
 
-def local_sampler_factory(impl: Any, config: Any, context: Any) -> Callable[[], Any] | None:
-    """What builds an environment's local instance for ``sample_prompts``; None when ``impl`` makes no prompts."""
+def local_methods(impl: Any) -> tuple[str, ...]:
+    """The methods of ``impl`` an EnvironmentPool runs on a local instance: ``sample_prompts``
+    (``PromptSampler``) and ``tool_schemas`` (``DeclaresTools``)."""
+    from grpo_sdk.core.multi_turn import DeclaresTools
     from grpo_sdk.core.protocols import PromptSampler
 
-    if isinstance(impl, type) and issubclass(impl, PromptSampler):
-        return lambda: impl(config, context)
-    return None
+    if not isinstance(impl, type):
+        return ()
+    return tuple(name for name, protocol in (("sample_prompts", PromptSampler), ("tool_schemas", DeclaresTools))
+                 if issubclass(impl, protocol))
+
+
+def local_sampler_factory(impl: Any, config: Any, context: Any) -> Callable[[], Any] | None:
+    """What builds an environment's local instance (``local_methods``); None when it needs none."""
+    return (lambda: impl(config, context)) if local_methods(impl) else None

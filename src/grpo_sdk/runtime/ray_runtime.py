@@ -56,7 +56,7 @@ import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
-from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup,
+from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup, local_methods,
                                     local_sampler_factory)
 from grpo_sdk.runtime.workers import ComponentWorker, WorkerSpec
 
@@ -243,8 +243,10 @@ class RayRuntime:
         k = self.cluster.env_workers
         self._check_environment_gpus()
         workers = self._start_actors("environment", k)
-        factory = local_sampler_factory(self.registry.load_impl("environment", name), config, context)
-        group = EnvironmentPool(self, workers, max_concurrency=self.cluster.env_max_concurrency, local_factory=factory)
+        impl = self.registry.load_impl("environment", name)
+        group = EnvironmentPool(self, workers, max_concurrency=self.cluster.env_max_concurrency,
+                                local_factory=local_sampler_factory(impl, config, context),
+                                local_methods=local_methods(impl))
         self._setup(group, [self._spec("environment", name, config, context) for _ in range(k)])
         return group
 

@@ -34,7 +34,8 @@ from typing import Any
 import attrs
 
 from grpo_sdk.runtime.deadlines import WorkerError, WorkerHandle
-from grpo_sdk.runtime.groups import EnvironmentPool, GenerationGroup, WorkerGroup, local_sampler_factory
+from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, WorkerGroup, local_methods,
+                                    local_sampler_factory)
 from grpo_sdk.runtime.workers import ComponentWorker, attribute_op, worker_registry
 
 STOP_MARGIN_S = 60.0  # a remote wait gets this much longer than the wait itself, which reports first
@@ -105,7 +106,8 @@ class CollectorWorker(ComponentWorker):
         impl = registry.load_impl("environment", cfg.env.name)
         self.environment = EnvironmentPool(deadlines, list(spec.environment_workers),
                                            max_concurrency=cfg.cluster.env_max_concurrency,
-                                           local_factory=local_sampler_factory(impl, spec.environment_config, context))
+                                           local_factory=local_sampler_factory(impl, spec.environment_config, context),
+                                           local_methods=local_methods(impl))
         self.environment.methods = spec.environment_methods
         tokenizer = load_tokenizer(context.tokenizer_path)
         prompts = make_prompt_source(cfg, self.environment, tokenizer, spec.max_prompt_tokens)

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import attrs
 
 from grpo_sdk.core.errors import ConfigError, DataError
+from grpo_sdk.core.multi_turn import DeclaresTools
 from grpo_sdk.core.protocols import PromptSampler
 from grpo_sdk.trainer.hub_data import data_source
 
@@ -160,6 +161,7 @@ class PromptBuilder:
     template: str | None = None
     system_prompt: str | None = None
     use_chat_template: bool = False
+    tools: tuple[dict[str, Any], ...] | None = None  # JSON schemas for the chat template's tools section
 
     def fill_template(self, text: str, row: dict[str, Any], where: str) -> str:
         if self.template is None:
@@ -182,8 +184,13 @@ class PromptBuilder:
             return texts, self.tokenizer(texts, add_special_tokens=True)["input_ids"]
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         conversations = [[*system, {"role": "user", "content": t}] for t in texts]
-        rendered = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+        rendered = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
+                                                      **self.tool_kwargs)
         return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+    @property
+    def tool_kwargs(self) -> dict[str, Any]:
+        return {"tools": list(self.tools)} if self.tools else {}
 
     def with_system(self, messages: Sequence[dict[str, str]]) -> tuple[dict[str, str], ...]:
         """A conversation with ``data.system_prompt`` first, unless it has a system message of its own."""
@@ -204,23 +211,24 @@ class PromptBuilder:
                             f"chat template, but the tokenizer {getattr(self.tokenizer, 'name_or_path', '')!r} has "
                             "none; use an instruct model's tokenizer (policy.tokenizer.name), or give plain-text "
                             "prompts under data.prompt_key")
-        rendered = render_conversations(self.tokenizer, conversations, sources)
+        rendered = render_conversations(self.tokenizer, conversations, sources, **self.tool_kwargs)
         return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
 def render_conversations(tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]],
-                         sources: Sequence[str]) -> list[str]:
+                         sources: Sequence[str], **template_kwargs: Any) -> list[str]:
     """The chat template's text of each conversation, ending with the generation prompt; a template
     that rejects one (Jinja's ``raise_exception`` on an unexpected role order) names its row."""
     try:
         return tokenizer.apply_chat_template([list(c) for c in conversations], tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=True, **template_kwargs)
     except Exception:  # noqa: BLE001 - find the row the template refused, one at a time
         pass
     out = []
     for conversation, where in zip(conversations, sources):
         try:
-            out.append(tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
+            out.append(tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True,
+                                                     **template_kwargs))
         except Exception as exc:  # noqa: BLE001 - Jinja's TemplateError and whatever the template raises
             raise DataError(f"{where}: the tokenizer's chat template cannot render this conversation: "
                             f"{type(exc).__name__}: {exc}") from None
@@ -260,7 +268,9 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:60] + '...'}"
 
 
-def make_builder(data_cfg: Any, tokenizer: Any) -> PromptBuilder:
+def make_builder(data_cfg: Any, tokenizer: Any, environment: Any = None) -> PromptBuilder:
+    """How prompts are rendered; an environment that offers tools (``DeclaresTools``) puts their
+    schemas in the chat template's tools section."""
     if data_cfg.use_chat_template:
         if tokenizer is None:
             raise ConfigError([("data.use_chat_template", "needs the tokenizer to build prompts")])
@@ -269,8 +279,9 @@ def make_builder(data_cfg: Any, tokenizer: Any) -> PromptBuilder:
                                 f"is true, but the tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no "
                                 "chat_template; use an instruct model's tokenizer, or set it false and use "
                                 "data.prompt_template")])
+    tools = tuple(environment.tool_schemas()) if isinstance(environment, DeclaresTools) else None
     return PromptBuilder(tokenizer=tokenizer, template=data_cfg.prompt_template, system_prompt=data_cfg.system_prompt,
-                         use_chat_template=data_cfg.use_chat_template)
+                         use_chat_template=data_cfg.use_chat_template, tools=tools or None)
 
 
 # Process-pool tokenization: each worker receives the builder (and its tokenizer) once.
@@ -541,7 +552,7 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
     """The training prompts of a run. Without a tokenizer prompts carry no token ids and are not
     length-checked here (the rollout does both)."""
     data, seed = cfg.data, cfg.grpo.seed
-    builder = make_builder(data, tokenizer)
+    builder = make_builder(data, tokenizer, environment)
     options = {"builder": builder, "max_prompt_tokens": max_prompt_tokens, "filter_long": data.filter_long_prompts,
                "num_workers": data.num_workers}
     if data.use_multiple_dataloader:
@@ -582,7 +593,7 @@ def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
     an rng seeded by ``grpo.seed`` and a constant (never the training stream's), else None.
     """
     data, limit = cfg.data, cfg.grpo.max_val_samples
-    builder = make_builder(data, tokenizer)
+    builder = make_builder(data, tokenizer, environment)
     if data.validation_path:
         prompts = load_prompts(data_source(data, "validation", max_rows=limit), prompt_key=data.prompt_key,
                                builder=builder,
