@@ -314,9 +314,10 @@ class CodeEnvConfig:
                                     "where none can be made. best_effort: the same where the machine allows it. "
                                     "off: snippets share the trainer's network.",
                                     validator=attrs.validators.in_(NETWORK_ISOLATION))
-    hidden_paths: list[str] = option(factory=lambda: ["~"], validator=_check_hidden, help=(
+    hidden_paths: list[str] = option(factory=lambda: ["~", "/run"], validator=_check_hidden, help=(
         "Directories a snippet sees as empty (an empty read-only tmpfs over each, in its mount namespace; the "
-        "interpreter's own directories are bound back). ~ is the trainer's home."))
+        "interpreter's own directories are bound back). ~ is the trainer's home; /run holds the machine's unix "
+        "sockets, which a network namespace does not cover. Add your data and checkpoint directories."))
     python: str = option("", "Interpreter that runs the snippets; empty: the trainer's own (its installed "
                          "packages importable).")
 
