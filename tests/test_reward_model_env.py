@@ -308,6 +308,15 @@ def test_loading_errors_name_the_key(models, tmp_path):
         env_for({"x": str(tmp_path)}, "x")
 
 
+def test_a_run_whose_model_fails_to_load_says_why_without_a_traceback(cli, recipe, models, monkeypatch):
+    monkeypatch.chdir(recipe.parent)
+    code, out, err = cli("run", "-c", str(recipe), "grpo.max_num_steps=1", "env.reward_model.label_index=0",
+                         f"env.reward_model.model_name={models['headless']}")  # config validate cannot tell
+    assert code != 0
+    assert "env.reward_model.model_name" in err and "lacks score.weight" in err, err
+    assert "Traceback" not in err + out
+
+
 # --- training -----------------------------------------------------------------------------------------
 
 

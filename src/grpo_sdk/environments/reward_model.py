@@ -169,6 +169,10 @@ class RewardModelEnvironment:
             raise ConfigError([(f"{RM}.format", f"is chat_template, but the tokenizer of {config.model_name} has "
                                 "no chat template; use text or pair (or auto)")])
         self.tokenizer.truncation_side = config.truncation_side
+        # What forward takes: some tokenizers return token_type_ids that a Llama-style model rejects.
+        import inspect
+
+        self.inputs = set(inspect.signature(self.model.forward).parameters)
         self._lock = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
 
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
@@ -238,7 +242,7 @@ class RewardModelEnvironment:
             chunk = order[start:start + self.config.batch_size]
             width = max(len(rows[i]["input_ids"]) for i in chunk)
             batch = {}
-            for key in rows[chunk[0]]:
+            for key in (k for k in rows[chunk[0]] if k in self.inputs):
                 fill = pad if key == "input_ids" else 0
                 batch[key] = torch.tensor([rows[i][key] + [fill] * (width - len(rows[i][key])) for i in chunk],
                                           dtype=torch.long, device=self.device)
