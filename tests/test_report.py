@@ -300,3 +300,26 @@ def test_report_of_a_real_async_run(tmp_path):
     keys, _ = timing_stack(records)
     assert "timing/exposed_generation" in keys and not any(k.startswith("timing/collector") for k in keys)
     assert "## Async pipeline" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_multi_turn_run_gets_episodes_png_and_its_section(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run", steps=20, summary=False)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for r in records:  # a tool environment's run: turns grow, invalid calls fall
+        r.update({"episode/turns_mean": 1 + r["step"] / 10, "episode/assistant_tokens_per_turn": 12.0,
+                  "env/tool_calls_per_turn": 0.5, "episode/invalid_tool_call_rate": 1 / r["step"]})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert grpoctl("report", run_dir) == 0
+    assert_png(run_dir / "report" / "episodes.png")
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "## Episodes (mean of the last 10 steps)" in md and "](episodes.png)" in md
+    assert "| episode/turns_mean | 2.55 |" in md  # steps 11..20: 1 + 15.5 / 10
+    assert "| env/tool_calls_per_turn | 0.5 |" in md and "episode/invalid_tool_call_rate" in md
+    assert "env/tool_error_rate" not in md  # not logged: no row
+
+
+def test_single_turn_run_has_no_episodes_section(tmp_path):
+    run_dir = synthetic_run(tmp_path / "run", steps=5)
+    assert grpoctl("report", run_dir) == 0
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "Episodes" not in md and not (run_dir / "report" / "episodes.png").exists()

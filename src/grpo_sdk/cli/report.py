@@ -11,7 +11,9 @@ and ``RUN_DIR/summary.json`` when the run got that far, and writes into ``RUN_DI
 ``reward.png``, ``kl.png``, ``response_length.png``, ``timing.png``, ``validation.png`` (each
 skipped, with a note in the summary, when the run logged none of its metrics) and ``report.md``,
 which embeds them with relative links. An async run (docs/async.md) also gets ``async.png`` and an
-"Async pipeline" section (``grpo_sdk.cli.report_async``); a sync run gets neither, and no note.
+"Async pipeline" section (``grpo_sdk.cli.report_async``); a sync run gets neither, and no note. A
+multi-turn run (docs/multi-turn.md) gets ``episodes.png`` and an "Episodes" section: turns per
+episode and tool-call rates.
 
 Needs matplotlib (``pip install 'grpo-sdk[report]'``), imported only here and only when a report
 is written, so the CLI stays light. Errors: no matplotlib is a ``PluginError`` (a missing
@@ -256,8 +258,32 @@ def _plot_async(records, path):
     return _save(fig, path), None
 
 
+EPISODE_KEYS = ("episode/turns_mean", "episode/assistant_tokens_per_turn", "env/tool_calls_per_turn",
+                "episode/invalid_tool_call_rate", "env/tool_error_rate")
+"""What ``episodes.png`` and the "Episodes" section show of a multi-turn run (docs/multi-turn.md):
+turns, tokens per turn, and, for a tool environment (docs/tools.md), tool calls and their failures."""
+
+
+def _plot_episodes(records, path):
+    if not any("episode/turns_mean" in r for r in records):  # single-turn: no image and no note
+        return None, None
+    return _plot_lines(records, path, list(EPISODE_KEYS), "Episodes: turns and tool calls", None)
+
+
+def _episode_section(records) -> list[str]:
+    keys = [k for k in EPISODE_KEYS if any(k in r for r in records)]
+    if "episode/turns_mean" not in keys:
+        return []
+    lines = ["## Episodes (mean of the last 10 steps)", "", "| metric | value |", "|---|---|"]
+    for key in keys:
+        values = [v for v in series(records, key)[1][-10:] if math.isfinite(v)]
+        if values:
+            lines.append(f"| {key} | {_fmt(sum(values) / len(values))} |")
+    return lines + [""]
+
+
 _PLOTS = {"reward": _plot_reward, "kl": _plot_kl, "response_length": _plot_response_length,
-          "timing": _plot_timing, "async": _plot_async, "validation": _plot_validation}
+          "timing": _plot_timing, "async": _plot_async, "episodes": _plot_episodes, "validation": _plot_validation}
 
 
 # --- markdown -------------------------------------------------------------------------------
@@ -299,6 +325,7 @@ def _markdown(run_dir: Path, records, summary: dict | None, images: dict[str, Pa
     data = report_async.async_data(records)
     if data is not None:
         lines += report_async.markdown_section(report_async.async_summary(data))
+    lines += _episode_section(records)
     if images:
         lines += ["## Plots", ""] + [f"![{name}]({path.name})\n" for name, path in images.items()]
     example = summary.get("example")
