@@ -96,11 +96,12 @@ def load_reward_model(config: RewardModelConfig, device: str) -> tuple[Any, Any]
     problem = classifier_problem({"architectures": getattr(model.config, "architectures", None),
                                   "auto_map": getattr(model.config, "auto_map", None)})
     missing = list(info.get("missing_keys") or [])
-    if problem or missing:
-        why = problem or (f"its checkpoint lacks {', '.join(sorted(missing)[:5])}"
-                          f"{' and more' if len(missing) > 5 else ''}, which would score with random weights; "
-                          "is it a trained reward model")
-        raise ModelLoadError(f"{key}: {config.model_name} {why}?")
+    if problem:
+        raise ModelLoadError(f"{key}: {config.model_name} {problem}")
+    if missing:
+        raise ModelLoadError(f"{key}: {config.model_name}: its checkpoint lacks {', '.join(sorted(missing)[:5])}"
+                             f"{' and more' if len(missing) > 5 else ''}, which would score with random weights; "
+                             "use a trained reward model (a sequence classifier with its head)")
     if model.config.pad_token_id is None:  # GPT-style classifiers need it to find each row's last token
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
