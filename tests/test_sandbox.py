@@ -309,3 +309,9 @@ def test_snippets_run_num_workers_at_a_time(env):
     spans = [tuple(map(float, r.stdout.split())) for r in results]
     most = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
     assert most == 2, spans
+
+
+def test_a_forked_child_cannot_report_for_its_parent(env):
+    """A child the code forks returns into the harness too; only the snippet's own process reports."""
+    code = "import os, time\nif os.fork() != 0:\n    time.sleep(0.5)\n    raise ValueError('the parent fails')"
+    assert_scored(env, code, "error", "ValueError: the parent fails")

@@ -46,7 +46,7 @@ def extract_code(text: str) -> tuple[str, bool]:
     return text, False
 
 
-def tests_of(meta: dict[str, Any], key: str, index: int) -> list[str]:
+def row_tests(meta: dict[str, Any], key: str, index: int) -> list[str]:
     """The row's tests as a list of snippets, or a ValueError naming the sample and the key."""
     where = f"sample {index}: row metadata"
     if key not in meta:
@@ -87,7 +87,7 @@ class CodeEnvironment:
 
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         key = self.config.tests_key
-        tests = [tests_of(meta, key, i) for i, meta in enumerate(metadata)]  # all checked before any runs
+        tests = [row_tests(meta, key, i) for i, meta in enumerate(metadata)]  # all checked before any runs
         extracted = [extract_code(log[-1].content) for log in message_logs]
         results = self.sandbox.run_many([(code, t) for (code, _), t in zip(extracted, tests)])
         rewards = [self._reward(r) for r in results]

@@ -52,6 +52,8 @@ OUTCOMES = ("passed", "failed", "timeout", "killed", "error")
 # sandboxes, in any process of the machine, off the same uid.
 UID_BASE, UID_COUNT = 1_500_000_000, 65_536
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+# Threads count against RLIMIT_NPROC: numerical libraries would start one per core and fail.
+SNIPPET_ENV = {**CLEAN_ENV, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 REPORT_CAP = 1 << 20  # the harness writes a short line per test
 GRACE_S = 2.0  # how long the pipes may stay open once the sandbox is over or killed
 
@@ -200,7 +202,7 @@ class Sandbox:
                "hidden_paths": self.hidden, "exposed_paths": self.exposed, "host_workdir": host_dir, "uid": uid,
                "timeout_s": c.timeout_s, "cpu_s": c.cpu_s, "memory_mb": c.memory_mb, "file_size_mb": c.file_size_mb,
                "disk_mb": c.disk_mb, "max_processes": c.max_processes, "max_open_files": c.max_open_files,
-               "env": CLEAN_ENV}
+               "env": SNIPPET_ENV}
         pipes = [os.pipe() for _ in range(3)]  # payload (in), status and report (out)
         ends = (pipes[0][0], pipes[1][1], pipes[2][1])
         start = time.monotonic()
@@ -325,7 +327,8 @@ class Sandbox:
                 return result("killed", f"CPU limit: used {cpu:.1f} s of CPU time, the limit is {c.cpu_s} s "
                               f"({key}.cpu_s), {where}")
             name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
-            hint = " (a crash: recursion deeper than the C stack, or a bad native call)" if sig == signal.SIGSEGV else ""
+            crash = " (a crash: recursion deeper than the C stack, or a bad native call)"
+            hint = crash if sig == signal.SIGSEGV else ""
             return result("error", f"killed by signal {name}{hint}, {where}{progress}")
         tail = run.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         return result("error", f"exited with status {run.status.get('exit', '?')} {where}{progress}"

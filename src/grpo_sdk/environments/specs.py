@@ -302,8 +302,9 @@ class CodeEnvConfig:
     disk_mb: int = option(64, "Size of each private scratch tmpfs (/tmp, which holds the working directory, "
                           "/var/tmp, /dev/shm), MiB; it is memory, freed when the snippet ends.",
                           validator=[attrs.validators.gt(0), attrs.validators.le(1 << 20)])
-    max_processes: int = option(16, "Processes (and threads) a snippet may have at once (RLIMIT_NPROC, for the "
-                                "sandbox's own uid).", validator=[attrs.validators.gt(0), attrs.validators.le(4096)])
+    max_processes: int = option(8, "Processes and threads a snippet may have at once (RLIMIT_NPROC, for the "
+                                "sandbox's own uid). Each may map memory_mb.",
+                                validator=[attrs.validators.gt(0), attrs.validators.le(4096)])
     max_open_files: int = option(64, "Open file descriptors per sandbox process (RLIMIT_NOFILE).",
                                  validator=[attrs.validators.ge(16), attrs.validators.le(65536)])
     max_output_bytes: int = option(65536, "Bytes read of stdout and of stderr each; a snippet that writes more is "
