@@ -66,6 +66,31 @@ class SlowHF(HFGeneration):
 '''
 
 
+COUNT_TURNS = '''
+from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
+from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, Message
+
+SPEC = ComponentSpec(name="count_turns", kind="environment", impl="grpo_test_count_turns:CountTurns",
+                     capabilities={"generates_prompts", "multi_turn"},
+                     summary="multi-turn: answers turn k with '=k>' for three turns")
+
+
+class CountTurns(ReverseDigitsEnvironment):
+    """Three turns an episode: turn k is answered "=k>"; each turn scores its digit count / 10 plus,
+    on the last, reverse_digits' reward of that turn. The turn count travels in the metadata."""
+
+    def step(self, message_logs, metadata):
+        scored = super().step(message_logs, metadata).rewards["correct_digits"]
+        turns = [m.get("turn", 0) + 1 for m in metadata]
+        return EnvironmentReturn(
+            rewards={"digits": [sum(c.isdigit() for c in log[-1].content) / 10 + (s if t == 3 else 0.0)
+                                for log, s, t in zip(message_logs, scored, turns)]},
+            done=[t >= 3 for t in turns], observations=[Message(role="tool", content=f"={t}>") for t in turns],
+            metadata=[{**m, "turn": t} for m, t in zip(metadata, turns)],
+            metrics={"turn": sum(turns) / len(turns)})
+'''
+
+
 @attrs.frozen
 class RayCluster:
     site: Path  # on every worker's PYTHONPATH, not on the driver's sys.path
@@ -78,6 +103,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     site.add("grpo-test-stall-env",
              entry_points={"grpo_sdk.environments": {"stall_digits": "grpo_test_stall_env:SPEC"}},
              files={"grpo_test_stall_env.py": STALL_ENV})
+    site.add("grpo-test-count-turns",
+             entry_points={"grpo_sdk.environments": {"count_turns": "grpo_test_count_turns:SPEC"}},
+             files={"grpo_test_count_turns.py": COUNT_TURNS})
     site.add("grpo-test-slow-hf", entry_points={"grpo_sdk.generation": {"slow-hf": "grpo_test_slow_hf:SPEC"}},
              files={"grpo_test_slow_hf.py": SLOW_HF})
     from grpo_sdk.runtime.ray_runtime import start_local_cluster

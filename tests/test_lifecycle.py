@@ -21,9 +21,9 @@ SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "gr
          "checkpointing.keep_top_k=2"]
 
 
-def run_and_kill_after(args, cwd, step: int) -> None:
-    """Start `grpoctl run`, SIGKILL it as soon as it reports `step`."""
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", *args], cwd=cwd, env=grpoctl_env(),
+def run_and_kill_after(args, cwd, step: int, **extra_env: str) -> None:
+    """Start `grpoctl run` (with ``extra_env`` in its environment), SIGKILL it as soon as it reports `step`."""
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", *args], cwd=cwd, env=grpoctl_env(**extra_env),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in proc.stdout:
