@@ -240,6 +240,7 @@ def test_a_short_run_logs_the_sandbox_outcomes(registry, tmp_path, tiny_model_di
         fractions = [row[f"env/sandbox_{o}"] for o in ("passed", "failed", "timeout", "killed", "error")]
         assert sum(fractions) == pytest.approx(1.0), row
         assert row["env/sandbox_passed"] == pytest.approx(row["reward/mean"])
+    assert any(r["env/sandbox_passed"] > 0 for r in rows) and any(r["env/sandbox_error"] > 0 for r in rows), rows
     assert_no_sandbox_processes()
 
 

@@ -212,6 +212,8 @@ def test_the_trainers_files_environment_and_processes_are_out_of_reach(env, trai
     record = assert_scored(env, "import os\nprint(dict(os.environ))\nos.environ['GRPO_TEST_SECRET']", "error",
                            "KeyError: 'GRPO_TEST_SECRET'")
     assert SECRET not in record["reason"] and SECRET not in record.get("stderr_tail", "")
+    printed = env.sandbox.run("import os\nprint(sorted(os.environ.items()))", ["assert True"]).stdout
+    assert SECRET not in printed and "('HOME', '/tmp/sandbox')" in printed and "GRPO_TEST_SECRET" not in printed
     # another PID namespace: the trainer's processes do not exist in the sandbox
     assert_scored(env, f"open('/proc/{os.getpid()}/environ').read()", "error", "No such file")
     assert_scored(env, f"import os\nprint(os.listdir('/proc/{trainer_unaffected.pid}'))", "error", "No such file")
