@@ -117,7 +117,7 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
     turns = turns or EnvironmentTurns(tokenizer)
     names: set[str] = set()
     sums: dict[str, float] = {}
-    samples = 0
+    samples, generating = 0, True
     generation.prepare_for_generation()
     try:
         for turn in range(1, max_turns + 1):
@@ -134,6 +134,9 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
             out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask),
                                       turn_sampling)
             _take_turn(active, room, out, tokenizer)
+            if turn == max_turns:  # the last generate call: a colocated engine sleeps before scoring, as single-turn did
+                generating = False
+                generation.finish_generation()
 
             results, call_names, metrics = step_environment(
                 environment, env_name, [e.log for e in active], [e.metadata for e in active],
@@ -145,7 +148,8 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
             going = _apply_results(active, results, last_turn=turn == max_turns)
             _append_environment_turns(going, turns, max_total_tokens)
     finally:
-        generation.finish_generation()
+        if generating:
+            generation.finish_generation()
     for episode in episodes:
         episode.done = True
     return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
