@@ -317,3 +317,28 @@ def test_a_forked_child_cannot_report_for_its_parent(env):
     """A child the code forks returns into the harness too; only the snippet's own process reports."""
     code = "import os, time\nif os.fork() != 0:\n    time.sleep(0.5)\n    raise ValueError('the parent fails')"
     assert_scored(env, code, "error", "ValueError: the parent fails")
+
+
+def test_a_sandbox_whose_trainer_died_goes_within_seconds_of_its_timeout(tmp_path):
+    """The trainer is SIGKILLed mid-snippet: nothing kills the sandbox's session any more, so the
+    bootstrap's alarm (timeout_s + 5 s) and each process's parent-death signal must."""
+    trainer = subprocess.Popen([sys.executable, "-c", (
+        "from grpo_sdk.environments.sandbox import Sandbox\n"
+        "from grpo_sdk.environments.specs import CodeEnvConfig\n"
+        "sandbox = Sandbox(CodeEnvConfig(timeout_s=6, cpu_s=1))\n"
+        "print('probed', flush=True)\n"
+        "sandbox.run('import time\\ntime.sleep(1000)', ['assert True'])")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline() == "probed\n"
+        deadline = time.monotonic() + 30
+        while not any("-I -B -c" in p for p in sandbox_processes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any("-I -B -c" in p for p in sandbox_processes()), "the snippet never started"
+    finally:
+        trainer.kill()
+        trainer.wait()
+    killed = time.monotonic()
+    time.sleep(0.5)
+    assert sandbox_processes(), "the sandbox went with its trainer at once: then this test shows nothing"
+    assert_no_sandbox_processes(within_s=6 + 5 + 3)
+    assert time.monotonic() - killed < 6 + 5 + 3
