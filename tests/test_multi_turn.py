@@ -286,3 +286,14 @@ def test_a_multi_turn_environment_with_one_turn_warns(registry, caplog):
     with caplog.at_level("WARNING"):
         load_config(None, ["env.name=counting_turns", "grpo.max_rollout_turns=3"], registry)
     assert "first assistant turn" not in caplog.text
+
+
+def test_validation_plays_whole_episodes(registry, tmp_path, tiny_model_dir):
+    trainer = trainer_for(registry, tmp_path, tiny_model_dir, "grpo.max_val_samples=8")
+    metrics, batches = trainer.validate(0)
+    assert metrics["episode/turns_mean"] == TURNS and metrics["num_samples"] == 8
+    generated = sum(len(m.token_ids) for b in batches for log in b.message_logs for m in log
+                    if m.generation_logprobs is not None)
+    assert metrics["avg_length"] == pytest.approx(generated / 8)  # the model's tokens, not the tool's
+    again, _ = trainer.validate(0)
+    assert again == metrics  # a fixed seed per turn: the same weights give the same numbers

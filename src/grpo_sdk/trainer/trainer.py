@@ -54,7 +54,7 @@ from grpo_sdk.runtime import make_runtime
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
-from grpo_sdk.trainer.episodes import override_turn_advantages
+from grpo_sdk.trainer.episodes import episode_metrics, override_turn_advantages
 from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
@@ -437,7 +437,8 @@ class GRPOTrainer:
         numbers. Rewards are the environment's raw rewards (no scaling or shaping). Metrics, logged as
         ``val/<name>``: ``accuracy`` (mean reward), ``pass_k`` (k = grpo.val_num_generations_per_prompt
         > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; the seed
-        counted any reward > 0), ``avg_length``, ``num_samples`` and the environment's own metrics.
+        counted any reward > 0), ``avg_length`` (the model's tokens), ``num_samples``, multi-turn the
+        episode metrics (``episode/turns_mean``...), and the environment's own metrics.
         """
         cfg, parts = self.config, self.components
         k, size = cfg.grpo.val_num_generations_per_prompt, cfg.grpo.val_batch_size
@@ -453,9 +454,11 @@ class GRPOTrainer:
             env_metrics.append(metrics)
         rewards = torch.cat([b.rewards for b in batches])
         valid = torch.cat([b.reward_valid for b in batches])
-        lengths = torch.cat([b.response_lengths for b in batches]).float()
+        lengths = torch.cat([b.generated_lengths for b in batches]).float()
         out = {"accuracy": float(rewards[valid].mean()) if valid.any() else float("nan"),
                "avg_length": float(lengths.mean()), "num_samples": float(len(rewards))}
+        if cfg.grpo.max_rollout_turns > 1:  # turns per episode, and the flag rates, as in training
+            out.update(episode_metrics([log for b in batches for log in b.message_logs]))
         if k > 1:
             out["pass_k"] = float(((rewards >= 1.0) & valid).view(-1, k).any(dim=1).float().mean())
         for key in env_metrics[0]:
