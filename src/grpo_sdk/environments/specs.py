@@ -288,15 +288,18 @@ class CodeEnvConfig:
                             "string (a single test).", validator=attrs.validators.min_len(1))
     partial_credit: bool = option(False, "false: reward 1 when every test passes, else 0. true: the fraction of "
                                   "the tests that passed.")
-    num_workers: int = option(4, "Snippets run at once (one process each; a process starts in about 30 ms).",
+    num_workers: int = option(4, "Snippets run at once (a sandboxed process each; starting one costs about 70 ms "
+                              "beyond the interpreter's own start, docs/sandbox.md).",
                               validator=[attrs.validators.gt(0), attrs.validators.le(MAX_THREADS)])
     timeout_s: float = option(10.0, "Wall-clock seconds one snippet (its code and all its tests) may take; then "
                               "the whole sandbox is killed and the outcome is 'timeout'.",
                               validator=[attrs.validators.gt(0), attrs.validators.le(3600)])
-    cpu_s: int = option(5, "CPU seconds one snippet may use (RLIMIT_CPU, over all its threads).",
+    cpu_s: int = option(5, "CPU seconds each process of a snippet may use (RLIMIT_CPU: a process's threads "
+                        "together); then 'killed', CPU limit.",
                         validator=[attrs.validators.gt(0), attrs.validators.le(3600)])
     memory_mb: int = option(1024, "Address space of each sandbox process, MiB (RLIMIT_AS); the interpreter "
-                            "alone maps about 30.", validator=[attrs.validators.ge(64), attrs.validators.le(1 << 20)])
+                            "alone maps about 13, with numpy imported about 140.",
+                            validator=[attrs.validators.ge(64), attrs.validators.le(1 << 20)])
     file_size_mb: int = option(16, "Largest file a snippet may write, MiB (RLIMIT_FSIZE).",
                                validator=[attrs.validators.ge(0), attrs.validators.le(1 << 20)])
     disk_mb: int = option(64, "Size of each private scratch tmpfs (/tmp, which holds the working directory, "
