@@ -334,6 +334,7 @@ def test_a_sandbox_whose_trainer_died_goes_within_seconds_of_its_timeout(tmp_pat
         while not any("-I -B -c" in p for p in sandbox_processes()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert any("-I -B -c" in p for p in sandbox_processes()), "the snippet never started"
+        time.sleep(1.0)  # into its sleep: a harness still writing its first lines would die of the closed pipe
     finally:
         trainer.kill()
         trainer.wait()

@@ -268,6 +268,7 @@ def main():
     os.close(report_fd)  # the parent sees the report's end when the snippet's side closes too
     status.close()
     os.waitpid(pid, 0)
+    os._exit(0)  # the trainer waits for this process's stdout to close: skip the interpreter's teardown
 
 
 if __name__ == "__main__":
