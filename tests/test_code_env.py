@@ -100,7 +100,7 @@ def test_partial_credit_is_the_fraction_of_tests_passed():
 
 
 @pytest.mark.parametrize("override, key, message", [
-    ("env.code.network_isolation=maybe", "env.code.network_isolation", "required"),
+    ("env.code.network_isolation=maybe", "env.code.network_isolation", "expected one of 'required'"),
     ("env.code.cpu_s=30", "env.code.cpu_s", "set cpu_s <= timeout_s"),
     ("env.code.python=/no/such/python", "env.code.python", "not an executable file"),
     ("env.code.hidden_paths=[data]", "env.code.hidden_paths", "must be absolute"),

@@ -271,9 +271,6 @@ REWARD_MODEL = ComponentSpec(
 )
 
 
-NETWORK_ISOLATION = ("required", "best_effort", "off")
-
-
 def _check_hidden(instance: Any, attribute: Any, value: list[str]) -> None:
     bad = [p for p in value if not (p.startswith("/") or p.startswith("~")) or p.rstrip("/") in ("", "/tmp")]
     if bad:
@@ -313,11 +310,10 @@ class CodeEnvConfig:
     max_output_bytes: int = option(65536, "Bytes read of stdout and of stderr each; a snippet that writes more is "
                                    "killed ('killed', output limit).",
                                    validator=[attrs.validators.gt(0), attrs.validators.le(1 << 30)])
-    network_isolation: str = option("required", "required: every snippet runs in a network namespace of its own "
-                                    "(no interface but a down loopback), and the environment refuses to start "
-                                    "where none can be made. best_effort: the same where the machine allows it. "
-                                    "off: snippets share the trainer's network.",
-                                    validator=attrs.validators.in_(NETWORK_ISOLATION))
+    network_isolation: Literal["required", "best_effort", "off"] = option("required", (
+        "required: every snippet runs in a network namespace of its own (no interface but a down loopback), and the "
+        "environment refuses to start where none can be made. best_effort: the same where the machine allows it. "
+        "off: snippets share the trainer's network."))
     hidden_paths: list[str] = option(factory=lambda: ["~", "/run"], validator=_check_hidden, help=(
         "Directories a snippet sees as empty (an empty read-only tmpfs over each, in its mount namespace; the "
         "interpreter's own directories are bound back). ~ is the trainer's home; /run holds the machine's unix "
