@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -207,7 +208,7 @@ def test_an_unprivileged_trainer_gets_the_layers_through_a_user_namespace():
                          cwd="/", user=65534, group=65534, extra_groups=[])
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert {"user", "net", "mount", "pid"} <= set(report["layers"]) and report["uid_switch"] is False
+    assert {"user", "net", "mount", "pid", "proc"} <= set(report["layers"]) and report["uid_switch"] is False
     (passed, _), (net, why_net), (bomb, why_bomb) = report["results"]
     assert passed == "passed" and net == "error" and "Network is unreachable" in why_net
     assert bomb == "killed" and "process limit" in why_bomb
@@ -260,3 +261,18 @@ def test_on_ray_each_environment_actor_has_its_own_sandbox(tmp_path, tiny_model_
         assert sum(fractions) == pytest.approx(1.0), metrics
         assert metrics["env/sandbox_passed"] == pytest.approx(metrics["reward/mean"])
     assert_no_sandbox_processes()  # the actors ran on this machine: its /proc shows what they left
+
+
+@pytest.mark.skipif(not ROOT, reason="the uid switch needs root")
+def test_an_interpreter_the_sandbox_uid_cannot_run_fails_the_start_not_the_samples(tmp_path):
+    import tempfile
+
+    from grpo_sdk.environments.sandbox import SandboxError
+
+    private = Path(tempfile.mkdtemp(dir="/var/lib"))  # mode 0700: only the trainer's user enters
+    try:
+        (private / "python").symlink_to(sys.executable)
+        with pytest.raises(SandboxError, match=r"the sandbox's uid cannot run .*/python: Permission denied"):
+            CodeEnvironment(CodeEnvConfig(python=str(private / "python")), context=None)
+    finally:
+        shutil.rmtree(private)

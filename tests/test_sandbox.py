@@ -119,7 +119,8 @@ def assert_scored(env, code, outcome, *reason_parts, tests=("assert True",)):
 
 def test_the_machine_gives_every_layer(env):
     """What the rest of this file relies on; docs/sandbox.md says what is lost without each."""
-    assert {"net", "mount", "pid", "ipc", "uts", "readonly_root"} <= set(env.sandbox.layers), env.sandbox.missing
+    layers = {"net", "mount", "pid", "proc", "ipc", "uts", "readonly_root"}
+    assert layers <= set(env.sandbox.layers), env.sandbox.missing
     assert env.sandbox.uid_switch == ROOT
 
 
@@ -343,3 +344,10 @@ def test_a_sandbox_whose_trainer_died_goes_within_seconds_of_its_timeout(tmp_pat
     assert sandbox_processes(), "the sandbox went with its trainer at once: then this test shows nothing"
     assert_no_sandbox_processes(within_s=6 + 5 + 3)
     assert time.monotonic() - killed < 6 + 5 + 3
+
+
+def test_the_snippet_inherits_no_descriptor_but_its_report_pipe(env):
+    """stdin, stdout, stderr, the report pipe (3), and the directory listing itself (4)."""
+    code = "import os\nFDS = sorted(int(f) for f in os.listdir('/proc/self/fd'))"
+    reward, record, _ = score(env, code, ["assert FDS == [0, 1, 2, 3, 4], FDS"])
+    assert (reward, record["outcome"]) == (1.0, "passed"), record

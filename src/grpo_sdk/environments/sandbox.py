@@ -165,6 +165,11 @@ class Sandbox:
             raise SandboxError(f"the sandbox cannot start on this machine: {why}")
         self.layers = list(run.status.get("layers", []))
         self.missing = dict(run.status.get("missing", {}))
+        if "proc" in run.status:  # the init's own /proc: None when mounted, else why not
+            if run.status["proc"] is None:
+                self.layers.append("proc")
+            else:
+                self.missing["proc"] = run.status["proc"]
         result = self._classify(run, ["assert True"])
         if result.outcome != "passed":
             raise SandboxError(f"the sandbox cannot run a trivial snippet with {self.python}: {result.outcome}: "

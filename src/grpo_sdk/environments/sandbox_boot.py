@@ -13,7 +13,8 @@ step guards against; in order:
    holds the working directory), empty read-only tmpfs over the hidden paths (the interpreter's
    own directories bound back, read-only), and ``/`` remounted read-only.
 4. Forks the sandbox's init: PID 1 of the new PID namespace (when there is one: when it exits,
-   the kernel kills every process left in it). It mounts a ``/proc`` that shows only the sandbox,
+   the kernel kills every process left in it). It mounts a ``/proc`` that shows only the sandbox
+   (and reports whether it could),
    writes the snippet into its working directory and forks the snippet, which sets the resource
    limits, switches to the sandbox uid (when root), forbids privilege gains and execs
    ``python -I -B -c HARNESS``. The init reaps orphans and writes the snippet's exit status and
@@ -178,8 +179,9 @@ def init(job, entered, status, report_fd):
     if "pid" in entered and "mount" in entered:
         try:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            status.write(json.dumps({"proc": None}) + "\n")
         except OSError as exc:  # a user namespace may not mount proc where the host's is partly masked
-            print(f"sandbox: the old /proc stays visible: {exc}", file=sys.stderr)
+            status.write(json.dumps({"proc": str(exc)}) + "\n")
     if "uts" in entered:
         libc.sethostname(b"sandbox", 7)
     workdir = WORKDIR if "mount" in entered else job["host_workdir"]
@@ -197,11 +199,12 @@ def init(job, entered, status, report_fd):
     snippet = os.fork()
     if snippet == 0:
         try:
-            status.close()
-            become_snippet(job, entered, workdir, report_fd)
+            become_snippet(job, entered, workdir, report_fd)  # closes the status pipe as it execs
         except BaseException as exc:  # noqa: BLE001 - anything before the exec is the sandbox's failure
-            print(f"sandbox setup failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        os._exit(121)
+            try:
+                status.write(json.dumps({"setup_error": f"{type(exc).__name__}: {exc}"}) + "\n")
+            finally:
+                os._exit(121)
     os.close(report_fd)
     while True:
         pid, wait_status, usage = os.wait4(-1, 0)
@@ -229,10 +232,20 @@ def become_snippet(job, entered, workdir, report_fd):
     if report_fd != 3:
         os.dup2(report_fd, 3)
     os.set_inheritable(3, True)
-    os.closerange(4, 1 << 16)
+    for fd in map(int, os.listdir("/proc/self/fd")):  # close-on-exec, not closed: a failed exec still reports
+        if fd > 3:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
     env = dict(job["env"], HOME=workdir, TMPDIR=workdir)
     python = job["python"]
-    os.execve(python, [python, "-I", "-B", "-c", HARNESS], env)
+    try:
+        os.execve(python, [python, "-I", "-B", "-c", HARNESS], env)
+    except OSError as exc:
+        who = "the sandbox's uid" if uid is not None else "the sandbox"
+        raise OSError(exc.errno, f"{who} cannot run {python}: {exc.strerror} (a directory on its path is not "
+                      "readable by that uid, or is hidden)") from None
 
 
 def main():
