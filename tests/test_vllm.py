@@ -147,3 +147,37 @@ def test_vllm_replicas_on_ray_take_weights_by_collective_broadcast(tmp_path, mod
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]
     assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0, 2.0]
+
+
+@needs_vllm
+def test_multi_turn_episodes_are_trained_on_the_tokens_vllm_saw(registry, model_dir):
+    """Token in, token out on a real engine (docs/multi-turn.md): three assistant turns with an
+    environment turn between each; every assistant token's vLLM logprob equals the policy's logprob
+    of the final sequence, so the environment's tokens were appended exactly where vLLM saw them."""
+    import torch
+
+    from grpo_sdk.core.records import EnvironmentReturn, Message, SamplingParams
+    from grpo_sdk.trainer.episodes import Episode, run_episodes
+    from grpo_sdk.trainer.rollout import batch_of
+
+    class ThreeTurns:
+        def step(self, message_logs, metadata):
+            turns = [sum(m.generation_logprobs is not None for m in log) for log in message_logs]
+            return EnvironmentReturn(rewards={"r": [0.0] * len(turns)}, done=[t >= 3 for t in turns],
+                                     observations=[Message(role="tool", content=f"={t}>") for t in turns])
+
+    # An engine of its own: vLLM's process-wide state goes with the last engine shut down.
+    generation, policy, tokenizer, cfg = make(registry, model_dir)
+    prompts = tokenizer(["12345>", "987>"] * 4)["input_ids"]
+    episodes = [Episode(prompt_ids=ids, log=[Message(role="user", content="", token_ids=tuple(ids))], metadata={},
+                        source=f"row {i}", chat=False) for i, ids in enumerate(prompts)]
+    run_episodes(episodes, generation=generation, environment=ThreeTurns(), env_name="three_turns", on_error="raise",
+                 sampling=SamplingParams(max_new_tokens=4, temperature=1.0), max_turns=5,
+                 max_total_tokens=64, tokenizer=tokenizer)
+    assert all(sum(m.generation_logprobs is not None for m in e.log) == 3 for e in episodes)
+    batch = batch_of(episodes, ["r"], tokenizer.pad_token_id, torch.zeros(len(episodes), dtype=torch.long))
+    train = batch.to_train_batch(torch.ones(batch.batch_size))
+    mask = train.token_mask.bool()
+    assert int(mask.sum()) == sum(len(m.token_ids) for e in episodes for m in e.log if m.generation_logprobs is not None)
+    torch.testing.assert_close(policy.logprobs(train)[mask], train.generation_logprobs[mask], atol=1e-4, rtol=0)
+    generation.shutdown()
