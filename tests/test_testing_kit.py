@@ -105,6 +105,7 @@ BUILTIN_OVERRIDES = {
     # A hub name: the config check reads a local model's config.json, and leaves a hub model to its load.
     ("environment", "reward_model"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
                                       "env.reward_model.model_name=acme/tiny-reward-model"],
+    ("environment", "code"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false"],
     ("weight_sync", "collective"): ["cluster.runtime=ray"],
     ("weight_sync", "cuda_ipc"): ["cluster.runtime=ray", "cluster.device=cuda", "cluster.gpus_per_node=1"],
 }
