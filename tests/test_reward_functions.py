@@ -26,7 +26,8 @@ from grpo_sdk.core.records import EnvironmentReturn, Message
 from grpo_sdk.environments import reward_functions as RF
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment, correct_positions
 from grpo_sdk.environments.specs import ReverseDigitsConfig, RewardFunctionsConfig
-from grpo_sdk.trainer.rollout import example_of, score
+from grpo_sdk.trainer.environment_step import step_environment
+from grpo_sdk.trainer.rollout import example_of
 
 ENV = ["env.name=reward_functions", "grpo.val_at_end=false", "grpo.val_period=0"]
 
@@ -331,14 +332,15 @@ class Fixed:
         return EnvironmentReturn(rewards=self.rewards)
 
 
-def test_score_masks_samples_without_any_reward_and_counts_a_lone_none_as_zero():
+def test_a_step_keeps_none_per_component_and_names_a_non_finite_reward():
     logs = [plain_log(str(i), "r") for i in range(3)]
     env = Fixed({"a": [1.0, None, None], "b": [None, 0.5, None]})
-    rewards, valid, missing, _ = score(env, "fixed", logs, [{}] * 3, ["row 0", "row 1", "row 2"], on_error="raise")
-    assert rewards["a"].tolist() == [1.0, 0.0, 0.0] and rewards["b"].tolist() == [0.0, 0.5, 0.0]
-    assert valid.tolist() == [True, True, False] and missing.tolist() == [False, False, True]
+    results, names, _ = step_environment(env, "fixed", logs, [{}] * 3, ["row 0", "row 1", "row 2"], on_error="raise")
+    assert names == ["a", "b"] and all(r.failure is None for r in results)
+    assert [r.rewards for r in results] == [{"a": 1.0, "b": None}, {"a": None, "b": 0.5}, {"a": None, "b": None}]
     with pytest.raises(EnvironmentStepError, match=r"sample 1 \(row 1, prompt '1'.*reward 'a' is nan"):
-        score(Fixed({"a": [1.0, math.nan, None]}), "fixed", logs, [{}] * 3, ["row 0", "row 1", "row 2"], "raise")
+        step_environment(Fixed({"a": [1.0, math.nan, None]}), "fixed", logs, [{}] * 3, ["row 0", "row 1", "row 2"],
+                         "raise")
 
 
 def test_samples_without_reward_leave_the_loss_and_are_counted(registry, tmp_path, tiny_model_dir):

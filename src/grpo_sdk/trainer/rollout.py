@@ -26,7 +26,7 @@ import torch
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.trainer.data import Prompt, PromptBuilder
-from grpo_sdk.trainer.environment_step import prompt_message, step_environment
+from grpo_sdk.trainer.environment_step import prompt_message
 from grpo_sdk.trainer.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
 
 
@@ -65,25 +65,6 @@ def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
     if prompt.messages is not None:
         return [Message(role=m["role"], content=m["content"]) for m in prompt.messages]
     return [Message(role="user", content=prompt.text, token_ids=tuple(prompt_ids))]
-
-
-def score(environment: Any, env_name: str, logs: list[list[Message]], metadata: list[dict[str, Any]],
-          sources: list[str], on_error: str
-          ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, dict[str, float]]:
-    """One ``Environment.step`` on finished samples: rewards per component ``[B]``, a ``[B]`` bool
-    of usable rewards, a ``[B]`` bool of samples with no reward, and the environment's metrics.
-
-    A reward of None means "no reward" (``EnvironmentReturn``): a sample whose every component is
-    None leaves the loss and the baseline like a failure, but is no failure (never raised, not in
-    ``env.max_failed_fraction``); a None next to a number counts 0. See ``environment_step``.
-    """
-    results, names, metrics = step_environment(environment, env_name, logs, metadata, sources, on_error)
-    rewards = {name: torch.tensor([r.rewards.get(name) or 0.0 for r in results], dtype=torch.float32)
-               for name in names}
-    failed = torch.tensor([r.failure is not None for r in results], dtype=torch.bool)
-    missing = torch.tensor([r.failure is None and all(v is None for v in r.rewards.values()) for r in results],
-                           dtype=torch.bool)
-    return rewards, ~failed & ~missing, missing, metrics
 
 
 @attrs.define(kw_only=True, eq=False)
