@@ -156,3 +156,27 @@ def test_the_disk_transport_uses_load_weights_when_generation_has_it(tmp_path, m
     tensors = TensorGeneration()
     sync.sync_weights(TinyPolicy(), tensors, version=3)
     assert tensors.updated == [(["w"], 3)]
+
+
+class Tooled(Plain):
+    """An environment that offers a tool (DeclaresTools) and makes no prompts."""
+
+    def __init__(self, config=None, context=None):
+        pass
+
+    def tool_schemas(self):
+        return [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+def test_tool_schemas_reach_the_prompt_builder_through_the_wrappers_and_pools():
+    from grpo_sdk.plugins import DeclaresTools
+    from grpo_sdk.runtime.groups import local_methods, local_sampler_factory
+
+    assert isinstance(EnvironmentDeadline(Tooled(), "tooled", timeout=5.0), DeclaresTools)
+    assert not isinstance(EnvironmentDeadline(Sampling(), "sampling", timeout=5.0), DeclaresTools)
+    assert local_methods(Tooled) == ("tool_schemas",) and local_methods(Plain) == ()
+    pool = EnvironmentPool(NoRuntime(), [], max_concurrency=1, local_factory=local_sampler_factory(Tooled, None, None),
+                           local_methods=local_methods(Tooled))
+    assert isinstance(pool, DeclaresTools) and not isinstance(pool, PromptSampler)
+    assert pool.tool_schemas() == Tooled().tool_schemas()  # from a local instance, no remote call
+    assert not isinstance(EnvironmentPool(NoRuntime(), [], max_concurrency=1, local_factory=None), DeclaresTools)
