@@ -128,3 +128,21 @@ def test_a_score_outside_the_declared_components_is_an_error():
 
     with pytest.raises(ValueError, match="component 'typo', which is not in Wrong.reward_components"):
         Wrong(Config(), None).step([turn("94")], [{"target": 94}])
+
+
+def test_prompts_render_the_environments_tools_in_the_chat_template(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from grpo_sdk.core.config import DataConfig
+    from grpo_sdk.trainer.data import make_builder
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # A tools section of the tool names, from the character vocabulary ("add", "divide" fit a-h).
+    tokenizer.chat_template = ("{% if tools %}{% for t in tools %}{{ t['function']['name'] }}={% endfor %}{% endif %}"
+                               "{% for m in messages %}{{ m['content'] }}>{% endfor %}")
+    builder = make_builder(DataConfig(use_chat_template=True), tokenizer, Adder(Config(), None))
+    texts, ids = builder.encode(["12"])
+    assert texts == ["add=divide=12>"] and ids[0] == tokenizer("add=divide=12>", add_special_tokens=False)["input_ids"]
+    conversations, _ = builder.encode_conversations([[{"role": "user", "content": "12"}]], ["row 0"])
+    assert conversations == ["add=divide=12>"]
+    assert make_builder(DataConfig(use_chat_template=True), tokenizer, None).encode(["12"])[0] == ["12>"]
