@@ -10,6 +10,7 @@ docs/sandbox.md says what the sandbox holds; this file is the evidence for it on
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -351,3 +352,22 @@ def test_the_snippet_inherits_no_descriptor_but_its_report_pipe(env):
     code = "import os\nFDS = sorted(int(f) for f in os.listdir('/proc/self/fd'))"
     reward, record, _ = score(env, code, ["assert FDS == [0, 1, 2, 3, 4], FDS"])
     assert (reward, record["outcome"]) == (1.0, "passed"), record
+
+
+def test_an_interpreter_in_a_virtual_environment_under_tmp_runs(tmp_path):
+    """/tmp is private scratch inside the sandbox: an interpreter that lives there (a venv in a
+    temporary clone, as CI makes) is bound back read-only, not lost under the tmpfs."""
+    venv = Path(tempfile.mkdtemp(prefix="grpo-sandbox-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        os.chmod(venv, 0o755)
+        config = CodeEnvConfig(timeout_s=10, num_workers=1, python=str(venv / "bin" / "python"))
+        environment = CodeEnvironment(config, context=None)
+        try:
+            reward, record, _ = score(environment, "import sys\nprefix = sys.prefix",
+                                      [f"assert prefix == {str(venv)!r}"])
+            assert (reward, record["outcome"]) == (1.0, "passed"), record
+        finally:
+            environment.shutdown()
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

@@ -131,15 +131,24 @@ def unshare(job, root):
     return entered, missing
 
 
+def under(path, roots):
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
 def isolate_files(job, entered, missing):
     """The mount namespace's view: private scratch, hidden paths, a read-only root."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     hidden = [p for p in job["hidden_paths"] if os.path.isdir(p)]
-    # Opened before anything is mounted over them: the bind mounts below come from these handles.
+    # A scratch directory under a hidden one (/run/lock under /run) is gone with it.
+    scratch = [p for p in WORLD_WRITABLE if os.path.isdir(p) and not os.path.islink(p) and not under(p, hidden)]
+    # Opened before anything is mounted over them: the bind mounts below come from these handles. An
+    # interpreter under a hidden path (~/.pyenv) or a scratch one (a venv in /tmp) is bound back.
     exposed = [(p, os.open(p, os.O_PATH)) for p in job["exposed_paths"]
-               if os.path.isdir(p) and any(p == h or p.startswith(h.rstrip("/") + "/") for h in hidden)]
+               if os.path.isdir(p) and under(p, hidden + scratch)]
     for path in hidden:
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+    for path in scratch:
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_mb']}m,mode=1777")
     for path, fd in exposed:
         os.makedirs(path, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
@@ -147,9 +156,6 @@ def isolate_files(job, entered, missing):
         os.close(fd)
     for path in hidden:
         mount(None, path, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    for path in WORLD_WRITABLE:
-        if os.path.isdir(path) and not os.path.islink(path) and path not in hidden:
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_mb']}m,mode=1777")
     try:
         mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept_flags("/"))
         entered.append("readonly_root")
