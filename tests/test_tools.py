@@ -126,7 +126,7 @@ def test_a_score_outside_the_declared_components_is_an_error():
         def score_answer(self, answer, log, metadata):
             return {"typo": 1.0}
 
-    with pytest.raises(ValueError, match="component 'typo', which is not in Wrong.reward_components"):
+    with pytest.raises(ValueError, match="scored the component .typo., which is not in its reward_components"):
         Wrong(Config(), None).step([turn("94")], [{"target": 94}])
 
 

@@ -10,8 +10,8 @@ environment (``MultiTurnEnvironment``) whose episodes go like this::
     assistant: 94                     <- no call: the answer, scored by ``score_answer``
 
 Every turn with a call is answered with one ``tool`` message per call (the result, or what was
-wrong with the call, so the model can recover) and scores 0; a turn without a call ends the
-episode with ``score_answer``'s reward. A malformed call (bad JSON, an unknown tool, arguments
+wrong with the call, so the model can recover) and scores ``score_call`` (0 unless a process
+reward says otherwise); a turn without a call ends the episode with ``score_answer``'s reward. A malformed call (bad JSON, an unknown tool, arguments
 that do not fit the schema) flags the turn ``invalid_tool_call``: counted in
 ``episode/invalid_tool_call_rate``, and ``grpo.invalid_tool_call_advantage`` can penalise it. A
 tool that raises is not an invalid call: its error is the result (counted in ``tool_error_rate``).
@@ -189,7 +189,7 @@ class ToolEnvironment:
 
     def __init__(self, config: Any, context: Any):
         self.config = config
-        self.parser = tool_call_parser(getattr(config, "tool_parser", "hermes"))
+        self.parser = self.make_parser(getattr(config, "tool_parser", "hermes"))
         self._tools = {tool.name: tool for tool in self.tools()}
 
     def tools(self) -> Sequence[Tool]:
@@ -198,6 +198,18 @@ class ToolEnvironment:
     def score_answer(self, answer: str, log: Sequence[Message], metadata: dict[str, Any]) -> dict[str, float] | float:
         """The reward of an episode's answer (the text of its last turn, calls excluded)."""
         raise NotImplementedError
+
+    def score_call(self, turn: ParsedTurn, log: Sequence[Message], metadata: dict[str, Any]) -> dict[str, float] | float:
+        """The reward of a turn that called tools: 0 (the answer decides); a process reward overrides it."""
+        return 0.0
+
+    def make_parser(self, name: str) -> ToolCallParser:
+        """The parser ``tool_parser`` names (an environment with a convention of its own adds names)."""
+        return tool_call_parser(name)
+
+    def format_error(self, problem: str) -> str:
+        """What the tool message says of an invalid call."""
+        return f"error: {problem}"
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [tool.schema() for tool in self._tools.values()]
@@ -211,14 +223,21 @@ class ToolEnvironment:
         tool = self._tools.get(call.name)
         if tool is None:
             problem = f"unknown tool {call.name!r} (tools: {', '.join(self._tools)})"
-            return f"error: {problem}", problem, False
+            return self.format_error(problem), problem, False
         problem = argument_problem(tool, call.arguments)
         if problem is not None:
-            return f"error: {problem}", problem, False
+            return self.format_error(problem), problem, False
         try:
             return self.format_result(call, tool.function(**call.arguments)), None, False
         except Exception as exc:  # noqa: BLE001 - a tool's error is its result, for the model to read
             return f"error: {type(exc).__name__}: {exc}", None, True
+
+    def _record(self, rewards: dict[str, list[float | None]], i: int, score: dict[str, float] | float) -> None:
+        for name, value in (score if isinstance(score, dict) else {self.reward_components[0]: score}).items():
+            if name not in rewards:
+                raise ValueError(f"{type(self).__name__} scored the component {name!r}, which is not in its "
+                                 f"reward_components {self.reward_components}")
+            rewards[name][i] = value
 
     def step(self, message_logs: Sequence[Sequence[Message]], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         rewards: dict[str, list[float | None]] = {name: [0.0] * len(message_logs) for name in self.reward_components}
@@ -226,14 +245,9 @@ class ToolEnvironment:
         calls = invalid = errors = answers = 0
         for i, (log, meta) in enumerate(zip(message_logs, metadata)):
             turn = self.parser.parse(log[-1].content)
+            self._record(rewards, i, self.score_answer(turn.content, log, meta) if turn.is_answer
+                         else self.score_call(turn, log, meta))
             if turn.is_answer:
-                score = self.score_answer(turn.content, log, meta)
-                score = score if isinstance(score, dict) else {self.reward_components[0]: score}
-                for name, value in score.items():
-                    if name not in rewards:
-                        raise ValueError(f"score_answer returned the component {name!r}, which is not in "
-                                         f"{type(self).__name__}.reward_components {self.reward_components}")
-                    rewards[name][i] = value
                 done.append(True)
                 observations.append(None)
                 flags.append(())
@@ -245,7 +259,7 @@ class ToolEnvironment:
                 results.append(Message(role="tool", content=text))
                 problems += [problem] if problem else []
                 errors += raised
-            results += [Message(role="tool", content=f"error: {p}") for p in turn.errors]
+            results += [Message(role="tool", content=self.format_error(p)) for p in turn.errors]
             calls += len(turn.calls) + len(turn.errors)
             invalid += bool(problems)
             done.append(False)
