@@ -98,7 +98,7 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
 
 
 BUILT_IN_PLUGIN_PACKAGES = ("backends", "estimators", "environments", "weight_sync", "loggers")
-PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors")  # documented in docs/plugins.md and docs/compatibility.md
+PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "tools")  # documented in docs/plugins.md and docs/compatibility.md
 
 
 def test_built_in_components_import_only_the_public_plugin_api():

@@ -1,6 +1,7 @@
-"""The documented submodules of the public plugin API: ``grpo_sdk.plugins.toolkit`` (no torch)
-and ``grpo_sdk.plugins.tensors`` (torch), pinned like ``grpo_sdk.plugins`` itself, and the
-worker-group protocols the Ray runtime implements for weight-sync transports."""
+"""The documented submodules of the public plugin API: ``grpo_sdk.plugins.toolkit`` (no torch),
+``grpo_sdk.plugins.tensors`` (torch) and ``grpo_sdk.plugins.tools`` (tool environments, no torch),
+pinned like ``grpo_sdk.plugins`` itself, and the worker-group protocols the Ray runtime implements
+for weight-sync transports."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 import grpo_sdk.plugins as api
-from grpo_sdk.plugins import tensors, toolkit
+from grpo_sdk.plugins import tensors, toolkit, tools
 
 TOOLKIT_NAMES = [
     "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps", "background_event_loop",
@@ -23,13 +24,18 @@ TENSORS_NAMES = [
     "GroupLayout", "calculate_kl", "masked_mean", "process_logits", "read_weights", "shifted_moments",
     "token_logprobs", "whiten", "write_weights",
 ]
+TOOLS_NAMES = [
+    "HermesParser", "INVALID_TOOL_CALL", "PARSERS", "ParsedTurn", "Tool", "ToolCall", "ToolCallParser", "ToolEnvironment",
+    "argument_problem", "tool_call_parser",
+]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def test_the_submodules_names_are_pinned_and_resolve():
     assert sorted(toolkit.__all__) == TOOLKIT_NAMES, "grpo_sdk.plugins.toolkit is public: change it deliberately"
     assert sorted(tensors.__all__) == TENSORS_NAMES, "grpo_sdk.plugins.tensors is public: change it deliberately"
-    for module in (toolkit, tensors):
+    assert sorted(tools.__all__) == TOOLS_NAMES, "grpo_sdk.plugins.tools is public: change it deliberately"
+    for module in (toolkit, tensors, tools):
         for name in module.__all__:
             assert getattr(module, name, None) is not None, f"{module.__name__}.{name} does not resolve"
 
@@ -37,12 +43,12 @@ def test_the_submodules_names_are_pinned_and_resolve():
 def test_the_submodules_are_documented():
     for page in ("plugins.md", "compatibility.md"):
         text = (DOCS / page).read_text()
-        assert "grpo_sdk.plugins.toolkit" in text and "grpo_sdk.plugins.tensors" in text, page
+        assert all(f"grpo_sdk.plugins.{m}" in text for m in ("toolkit", "tensors", "tools")), page
 
 
 def test_the_toolkit_imports_no_heavy_module():
     heavy = ("torch", "transformers", "ray")
-    code = ("import sys, json\nfrom grpo_sdk.plugins.toolkit import *\n"
+    code = ("import sys, json\nfrom grpo_sdk.plugins.toolkit import *\nfrom grpo_sdk.plugins.tools import *\n"
             f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n")
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
                             capture_output=True, text=True, timeout=60)

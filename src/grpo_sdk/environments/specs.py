@@ -361,3 +361,49 @@ CODE = ComponentSpec(
     summary="Python code scored against tests in a sandbox (a process each, resource limits, no network); reward 1 "
             "when every test passes (or the fraction passed).",
 )
+
+
+def _tool_parser(instance: Any, attribute: Any, value: str) -> None:
+    if value not in ("hermes", "digits") and not FUNCTION_ENTRY.match(value):
+        raise ValueError(f"{value!r} is not a parser: 'hermes', 'digits' or 'module:Class'")
+
+
+@attrs.frozen(kw_only=True)
+class CalculatorConfig:
+    num_operands: int = option(3, "Numbers in each sum; the answer takes num_operands - 1 calls of add.",
+                               validator=[attrs.validators.ge(2), attrs.validators.le(8)])
+    modulus: int | None = option(10, "The tool and the answer work modulo this (operands below it); null: plain "
+                                 "sums of operands from 0 to max_operand.",
+                                 validator=attrs.validators.optional(attrs.validators.ge(2)))
+    max_operand: int = option(99, "With modulus null: the largest operand.", validator=attrs.validators.ge(1))
+    tool_parser: str = option("hermes", "How calls are written: 'hermes' (<tool_call> JSON, chat models), 'digits' "
+                              "(the tiny model's: two digits are a call, one digit the answer; modulus <= 10), or "
+                              "'module:Class' of a parser.", validator=_tool_parser)
+    reward: Literal["outcome", "reference"] = option(
+        "outcome", "'outcome': the answer's correct digit positions; 'reference' (tool_parser digits): each turn "
+        "scored against the reference solution's turn, a process reward (docs/tools.md).")
+
+
+def check_calculator(config: Any, options: CalculatorConfig | None, registry: Any) -> list[tuple[str, str]]:
+    options = options or CalculatorConfig()
+    problems = []
+    if options.reward == "reference" and options.tool_parser != "digits":
+        problems.append(("env.calculator.reward", "'reference' compares each turn with the solution's, token by "
+                         "token, which needs tool_parser 'digits'; use reward 'outcome' with other parsers"))
+    if options.tool_parser == "digits" and (options.modulus is None or options.modulus > 10):
+        problems.append(("env.calculator.tool_parser", "'digits' writes every operand and result as one digit: set "
+                         "env.calculator.modulus to at most 10"))
+    return problems
+
+
+CALCULATOR = ComponentSpec(
+    name="calculator",
+    kind="environment",
+    impl="grpo_sdk.environments.calculator:CalculatorEnvironment",
+    config="grpo_sdk.environments.specs:CalculatorConfig",
+    check="grpo_sdk.environments.specs:check_calculator",
+    capabilities={"generates_prompts", "multi_turn", "tool_calls"},
+    metrics={"tool_calls_per_turn", "invalid_call_rate", "tool_error_rate", "answer_rate"},
+    summary="Tool use: multi-step sums with a two-operand add tool (calls in Hermes JSON, or the tiny model's "
+            "two-digit calls); the built-in tool-calling example.",
+)

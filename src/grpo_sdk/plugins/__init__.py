@@ -4,11 +4,12 @@ Everything a backend, estimator, environment, weight-sync transport, logger or h
 needs is re-exported here; anything not listed in ``__all__`` is private and may change.
 Importing this module does not import torch.
 
-Two documented submodules are public too: ``grpo_sdk.plugins.toolkit`` (helpers that do not
+Three documented submodules are public too: ``grpo_sdk.plugins.toolkit`` (helpers that do not
 import torch: tokenizer loading and model-source checks, micro-batch metric sums, atomic writes,
-the device picker, the node address, config validators) and ``grpo_sdk.plugins.tensors`` (helpers
+the device picker, the node address, config validators), ``grpo_sdk.plugins.tensors`` (helpers
 that import torch: the temperature/top-k/top-p logits transform with logprobs, group statistics,
-weights files). The built-in components import nothing else of grpo-sdk.
+weights files) and ``grpo_sdk.plugins.tools`` (tool-using environments: the ``ToolEnvironment``
+base, tool-call parsers). The built-in components import nothing else of grpo-sdk.
 
 A minimal third-party estimator package::
 

@@ -44,6 +44,9 @@ import attrs
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.records import EnvironmentReturn, Message
 
+__all__ = ["INVALID_TOOL_CALL", "PARSERS", "HermesParser", "ParsedTurn", "Tool", "ToolCall", "ToolCallParser",
+           "ToolEnvironment", "argument_problem", "tool_call_parser"]
+
 INVALID_TOOL_CALL = "invalid_tool_call"
 
 
