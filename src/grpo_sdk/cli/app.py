@@ -105,23 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     # ready to stop at a step boundary), including one that arrives while torch imports.
     STOP.reset()
     try:
-        STOP.install()
-        return _run_app(argv)
-    except SystemExit as exc:
-        if STOP.stopped_now and exc.code != exit_code_of(STOP.signum):  # click turned a StopNow into Abort
+        try:
+            STOP.install()
+            return _run_app(argv)
+        except SystemExit as exc:
+            if STOP.stopped_now and exc.code != exit_code_of(STOP.signum):  # click turned a StopNow into Abort
+                print("interrupted", file=sys.stderr)
+                return exit_code_of(STOP.signum)
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except KeyboardInterrupt as exc:  # a stop signal outside a command body (start-up, plugin loading)
             print("interrupted", file=sys.stderr)
-            return exit_code_of(STOP.signum)
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except KeyboardInterrupt as exc:  # a stop signal outside a command body (start-up, plugin loading)
-        print("interrupted", file=sys.stderr)
-        return exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED)
-    except Exception:  # noqa: BLE001 - last resort: a bug, not a user error
-        if STOP.stopped_now:  # a StopNow that C++ (torch, a callback) turned into another exception
-            print("interrupted", file=sys.stderr)
-            return exit_code_of(STOP.signum)
-        traceback.print_exc()
-        return int(ExitCode.FAILED)
+            return exit_code_of(exc.signum) if isinstance(exc, StopNow) else int(ExitCode.INTERRUPTED)
+        except Exception:  # noqa: BLE001 - last resort: a bug, not a user error
+            if STOP.stopped_now:  # a StopNow that C++ (torch, a callback) turned into another exception
+                print("interrupted", file=sys.stderr)
+                return exit_code_of(STOP.signum)
+            traceback.print_exc()
+            return int(ExitCode.FAILED)
+    except StopNow as exc:  # a repeated signal while the first one's exit was being handled above
+        return exit_code_of(exc.signum)
     finally:
+        STOP.exiting = True  # first: a signal from here on finds the process already on its way out
         if STOP.requested:
             STOP.ignore_while_exiting()
         else:

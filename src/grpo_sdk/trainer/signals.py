@@ -43,6 +43,7 @@ class StopRequests:
         self.signum: int | None = None  # the first stop signal received
         self.deferred = False  # True while a training loop will honour a request at its next safe point
         self.stopped_now = False  # a StopNow was raised (library code may re-raise it as another exception)
+        self.exiting = False  # grpoctl is returning its exit code: a signal is noted, never raised
         self.installed = False
         self._previous: dict[int, object] = {}  # (no typing import: this loads first in grpoctl)
 
@@ -83,9 +84,12 @@ class StopRequests:
         self.installed = False
 
     def reset(self) -> None:
-        self.signum, self.deferred, self.stopped_now = None, False, False
+        self.signum, self.deferred, self.stopped_now, self.exiting = None, False, False, False
 
     def _handle(self, signum: int, frame: object) -> None:
+        if self.exiting:  # a repeat while grpoctl returns: raising now would only print a traceback
+            self.signum = self.signum or signum
+            return
         if self.signum is not None or not self.deferred:
             self.signum = self.signum or signum
             self.stopped_now = True  # whatever the raise turns into on its way up, it was this signal
