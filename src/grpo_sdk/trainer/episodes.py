@@ -117,39 +117,35 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
     turns = turns or EnvironmentTurns(tokenizer)
     names: set[str] = set()
     sums: dict[str, float] = {}
-    samples, generating = 0, True
+    samples = 0
+    # No try/finally around the turns: after a failed call the components' state is the error's
+    # (a lost worker refuses every call), and a finish_generation there would hide that error.
     generation.prepare_for_generation()
-    try:
-        for turn in range(1, max_turns + 1):
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            room = [max_total_tokens - len(e.context) for e in active]
-            limit = min(sampling.max_new_tokens, max(room))
-            turn_sampling = sampling if limit == sampling.max_new_tokens else attrs.evolve(sampling,
-                                                                                           max_new_tokens=limit)
-            if sampling.seed is not None and turn > 1:  # reproducible (validation), yet a fresh draw each turn
-                turn_sampling = attrs.evolve(turn_sampling, seed=sampling.seed + turn - 1)
-            input_ids, attention_mask = left_pad([e.context for e in active], tokenizer.pad_token_id)
-            out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask),
-                                      turn_sampling)
-            _take_turn(active, room, out, tokenizer)
-            if turn == max_turns:  # the last generate call: a colocated engine sleeps before scoring, as single-turn did
-                generating = False
-                generation.finish_generation()
-
-            results, call_names, metrics = step_environment(
-                environment, env_name, [e.log for e in active], [e.metadata for e in active],
-                [e.source for e in active], on_error)
-            names.update(call_names)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * len(active)
-            samples += len(active)
-            going = _apply_results(active, results, last_turn=turn == max_turns)
-            _append_environment_turns(going, turns, max_total_tokens)
-    finally:
-        if generating:
+    for turn in range(1, max_turns + 1):
+        active = [e for e in episodes if not e.done]
+        if not active:
             generation.finish_generation()
+            break
+        room = [max_total_tokens - len(e.context) for e in active]
+        limit = min(sampling.max_new_tokens, max(room))
+        turn_sampling = sampling if limit == sampling.max_new_tokens else attrs.evolve(sampling, max_new_tokens=limit)
+        if sampling.seed is not None and turn > 1:  # reproducible (validation), yet a fresh draw each turn
+            turn_sampling = attrs.evolve(turn_sampling, seed=sampling.seed + turn - 1)
+        input_ids, attention_mask = left_pad([e.context for e in active], tokenizer.pad_token_id)
+        out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask), turn_sampling)
+        _take_turn(active, room, out, tokenizer)
+        if turn == max_turns:  # the last generate call: a colocated engine sleeps before scoring, as single-turn did
+            generation.finish_generation()
+
+        results, call_names, metrics = step_environment(
+            environment, env_name, [e.log for e in active], [e.metadata for e in active],
+            [e.source for e in active], on_error)
+        names.update(call_names)
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + value * len(active)
+        samples += len(active)
+        going = _apply_results(active, results, last_turn=turn == max_turns)
+        _append_environment_turns(going, turns, max_total_tokens)
     for episode in episodes:
         episode.done = True
     return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
