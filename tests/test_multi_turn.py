@@ -297,3 +297,23 @@ def test_validation_plays_whole_episodes(registry, tmp_path, tiny_model_dir):
     assert metrics["avg_length"] == pytest.approx(generated / 8)  # the model's tokens, not the tool's
     again, _ = trainer.validate(0)
     assert again == metrics  # a fixed seed per turn: the same weights give the same numbers
+
+
+def test_a_template_that_cannot_render_the_environments_turn_is_named(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from grpo_sdk.core.errors import GrpoSdkError
+    from grpo_sdk.trainer.episodes import EnvironmentTurns
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+                               "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}{{ m['content'] }}"
+                               "{% endfor %}")
+    turns = EnvironmentTurns(tokenizer)
+    assert tokenizer.decode(turns.encode([([Message(role="user", content="1")], None, True)])[0]) == "1"
+    with pytest.raises(GrpoSdkError, match=r"cannot render the environment's turn \(roles 'tool'\).*unknown role tool"):
+        turns.encode([([Message(role="tool", content="1")], None, True)])
+    # a template that rewrites what came before once a message follows cannot be continued token for token
+    tokenizer.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(GrpoSdkError, match="rewrites earlier turns"):
+        EnvironmentTurns(tokenizer).encode([([Message(role="user", content="1")], None, True)])

@@ -85,8 +85,14 @@ class EnvironmentTurns:
         if self._closed is None:
             self._closed = self._render([*_BASE, {"role": "assistant", "content": _SENTINEL}], False)
             self._assistant_tail = self._closed[self._closed.index(_SENTINEL) + len(_SENTINEL):]
-        following = self._render([*_BASE, {"role": "assistant", "content": _SENTINEL},
-                                  *({"role": m.role, "content": m.content} for m in messages)], True)
+        try:
+            following = self._render([*_BASE, {"role": "assistant", "content": _SENTINEL},
+                                      *({"role": m.role, "content": m.content} for m in messages)], True)
+        except Exception as exc:  # noqa: BLE001 - Jinja's TemplateError, or whatever the template raises
+            roles = ", ".join(repr(m.role) for m in messages)
+            raise GrpoSdkError(f"the tokenizer's chat template cannot render the environment's turn (roles {roles}) "
+                               f"after an assistant turn: {type(exc).__name__}: {exc}; give the observations a role "
+                               "the template knows (often 'user' or 'tool')") from exc
         if not following.startswith(self._closed):
             raise GrpoSdkError(
                 f"the tokenizer's chat template ({getattr(self.tokenizer, 'name_or_path', '')!r}) rewrites earlier "
