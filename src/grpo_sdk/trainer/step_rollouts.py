@@ -48,6 +48,7 @@ class StepRollouts:
         self.environment = environment
         self.sampling = sampling
         self.max_prompt_tokens = max_prompt_tokens
+        self.reward_changes = RolloutRewardChanges(config, tokenizer)
 
     def collect(self, step: int, counters: RolloutCounters) -> tuple[RolloutBatch, dict[str, float]]:
         """The rollouts of training step ``step`` (1-based: the step they will train) and their metrics."""
@@ -89,8 +90,6 @@ class StepRollouts:
         changes), then scale the components and their total (grpo.reward_scaling), then shape the total
         (grpo.reward_shaping). Returns the penalties' metrics."""
         grpo = self.config.grpo
-        if getattr(self, "reward_changes", None) is None:
-            self.reward_changes = RolloutRewardChanges(self.config, self.tokenizer)
         prompts = None if self.reward_changes.tags is None else [
             row[mask.bool()].tolist() for row, mask in zip(rollouts.prompt_ids, rollouts.prompt_mask)]
         raw, total, metrics = self.reward_changes(rollouts.reward_components, rollouts.reward_valid,
@@ -99,7 +98,8 @@ class StepRollouts:
         total = scale_rewards(total, grpo.reward_scaling)
         rollouts.reward_components = components
         rollouts.unshaped_rewards = total
-        rollouts.rewards = shape_rewards(total, rollouts.response_lengths, rollouts.truncated, grpo.reward_shaping,
+        # The model's own tokens: a multi-turn response also holds the environment's turns.
+        rollouts.rewards = shape_rewards(total, rollouts.generated_lengths, rollouts.truncated, grpo.reward_shaping,
                                          self.sampling.max_new_tokens)
         return metrics
 
