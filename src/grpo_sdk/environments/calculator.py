@@ -34,6 +34,7 @@ import random
 import re
 from typing import Any, Sequence
 
+from grpo_sdk.environments.reverse_digits import correct_positions
 from grpo_sdk.environments.specs import CalculatorConfig
 from grpo_sdk.plugins import Message
 from grpo_sdk.plugins.tools import ParsedTurn, Tool, ToolCall, ToolCallParser, ToolEnvironment
@@ -54,12 +55,6 @@ class DigitCalls:
         if _ONE_DIGIT.match(text) or text == "":
             return ParsedTurn(content=text)
         return ParsedTurn(content="", errors=(f"{text!r} is neither a call (two digits) nor an answer (one digit)",))
-
-
-def correct_positions(answer: Sequence[Any], target: Sequence[Any]) -> float:
-    if not answer and not target:
-        return 1.0
-    return sum(a == b for a, b in zip(answer, target)) / max(len(answer), len(target))
 
 
 class CalculatorEnvironment(ToolEnvironment):

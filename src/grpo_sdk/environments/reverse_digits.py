@@ -24,7 +24,8 @@ from grpo_sdk.environments.specs import ReverseDigitsConfig
 DIGITS = frozenset("0123456789")
 
 
-def correct_positions(answer: str, target: str) -> float:
+def correct_positions(answer: Sequence[Any], target: Sequence[Any]) -> float:
+    """Matching positions over the longer length: characters here, token ids in the calculator's process reward."""
     if not answer and not target:
         return 1.0
     matches = sum(a == b for a, b in zip(answer, target))
