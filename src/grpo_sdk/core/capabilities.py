@@ -50,6 +50,10 @@ class Capability(enum.StrEnum):
     template) and flags invalid calls ``"invalid_tool_call"``. Read by the config checks
     (``grpo.invalid_tool_call_advantage`` requires it) and the contract kit (``tool_schemas`` must
     be there)."""
+    RUNS_AGENTS = "runs_agents"
+    """environment: its rollouts are played end to end by agents over the rollout endpoint
+    (``RunsAgents.run_agents``, docs/agents.md), not stepped turn by turn. Read by the contract kit
+    (``run_agents`` and ``endpoint`` must be there) and the config checks."""
     RAY_WORKERS = "ray_workers"
     """weight_sync: runs its own code in the Ray worker groups (``WorkerGroup``), so it needs
     ``cluster.runtime=ray``. Read by the config checks."""
@@ -69,6 +73,7 @@ CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.GENERATES_PROMPTS: "environment",
     Capability.MULTI_TURN: "environment",
     Capability.TOOL_CALLS: "environment",
+    Capability.RUNS_AGENTS: "environment",
     Capability.GROUP_BASELINE: "estimator",
     Capability.KL_IN_REWARD: "estimator",
     Capability.PREV_LOGPROBS: "estimator",

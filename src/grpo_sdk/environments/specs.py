@@ -407,3 +407,55 @@ CALCULATOR = ComponentSpec(
     summary="Tool use: multi-step sums with a two-operand add tool (calls in Hermes JSON, or the tiny model's "
             "two-digit calls); the built-in tool-calling example.",
 )
+
+
+# --- agent -------------------------------------------------------------------------------------------
+
+from grpo_sdk.plugins import AgentTask, EndpointConfig  # noqa: E402 - the agent block's own imports
+
+AGENT_KEY = "env.agent.agent"
+
+
+@attrs.frozen(kw_only=True)
+class AgentHarnessConfig:
+    agent: str = option("", "The agent that plays each rollout: 'module:function' (called with an AgentTask, "
+                        "in a thread pool; awaited if it is async) or an http(s):// URL the task is POSTed to as "
+                        "JSON. It talks to the policy at task.base_url and returns its reward (docs/agents.md).")
+    max_concurrency: int = option(64, "Rollouts played at once (threads, or concurrent coroutines).",
+                                  validator=[attrs.validators.gt(0), attrs.validators.le(4096)])
+    timeout_s: float = option(600.0, "Seconds one rollout may take; past it the rollout fails "
+                              "(env.on_reward_error) and its agent's further requests are refused.",
+                              validator=attrs.validators.gt(0))
+    endpoint: EndpointConfig = option(factory=EndpointConfig, help="The rollout endpoint the agents talk to.")
+
+
+def check_agent(config: Any, options: AgentHarnessConfig | None, registry: Any) -> list[tuple[str, str]]:
+    target = "" if options is None else options.agent
+    if not target:
+        return [(AGENT_KEY, "name the agent: 'module:function' or an http(s):// URL (docs/agents.md)")]
+    if target.startswith(("http://", "https://")):
+        return []
+    if ":" not in target:
+        return [(AGENT_KEY, f"{target!r} is neither 'module:function' nor an http(s):// URL")]
+    from grpo_sdk.environments.reward_functions import resolve
+    from grpo_sdk.plugins import ConfigError, PluginError
+
+    try:
+        resolve(target, AGENT_KEY)  # imported now: a missing module is found before the model loads
+    except ConfigError as exc:
+        return list(exc.problems)
+    except PluginError as exc:
+        return [(AGENT_KEY, str(exc))]
+    return []
+
+
+AGENT = ComponentSpec(
+    name="agent",
+    kind="environment",
+    impl="grpo_sdk.environments.agent_harness:AgentHarness",
+    config="grpo_sdk.environments.specs:AgentHarnessConfig",
+    check="grpo_sdk.environments.specs:check_agent",
+    capabilities={"runs_agents"},
+    summary="Any agent plays the rollouts over the OpenAI-compatible rollout endpoint (a Python function, async "
+            "or not, or an HTTP service) and returns the reward; episodes are built from the tokens it sampled.",
+)

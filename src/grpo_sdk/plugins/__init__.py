@@ -66,6 +66,7 @@ from grpo_sdk.core.protocols import (
     Worker,
     WorkerGroup,
 )
+from grpo_sdk.core.agents import AgentResult, AgentTask, EndpointConfig, RunsAgents
 from grpo_sdk.core.multi_turn import DeclaresTools, MultiTurnEnvironment
 from grpo_sdk.core.records import (
     EnvironmentReturn,
@@ -91,6 +92,8 @@ from grpo_sdk.plugins.specs import (
 
 __all__ = [
     "AdvantageEstimator",
+    "AgentResult",
+    "AgentTask",
     "AsyncGeneration",
     "Capability",
     "Checkpointable",
@@ -101,6 +104,7 @@ __all__ = [
     "DataError",
     "DeclaresRewardComponents",
     "DeclaresTools",
+    "EndpointConfig",
     "Environment",
     "EnvironmentReturn",
     "EnvironmentStepError",
@@ -124,6 +128,7 @@ __all__ = [
     "Policy",
     "PromptSampler",
     "ReportsMetrics",
+    "RunsAgents",
     "RunContext",
     "RunStatus",
     "SUPPORTED_PLUGIN_APIS",

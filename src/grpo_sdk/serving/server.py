@@ -64,8 +64,7 @@ class RolloutServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         self.counts: dict[str, int] = {}
         self._counts_lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _Listener((host, port), _handler_for(self))
         self._thread: threading.Thread | None = None
 
     @property
@@ -150,6 +149,11 @@ class RolloutServer:
             return 500, _error(500, "server_error", f"{type(exc).__name__}: {exc}")
         finally:
             self._slots.release()
+
+
+class _Listener(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: the default 5 resets connections when 128 agents start at once
 
 
 def _error(status: int, kind: str, message: str) -> dict[str, Any]:

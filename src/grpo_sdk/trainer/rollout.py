@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.trainer.data import Prompt, PromptBuilder
@@ -189,10 +190,18 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
     episodes = [Episode(prompt_ids=ids, log=prompt_log(prompt, ids), metadata=dict(prompt.metadata),
                         source=prompt.source, chat=chat or prompt.messages is not None)
                 for prompt, ids in zip(prompts, prompt_ids) for _ in range(G)]
-    names, env_metrics = run_episodes(
-        episodes, generation=generation, environment=environment, env_name=cfg.env.name,
-        on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
-        max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
+    if isinstance(environment, RunsAgents):  # the agents play the turns over the rollout endpoint
+        from grpo_sdk.trainer.agent_rollouts import play_agents
+
+        names, env_metrics = play_agents(
+            episodes, [p for p in prompts for _ in range(G)], environment=environment, generation=generation,
+            tokenizer=tokenizer, sampling=sampling, max_total_tokens=cfg.policy.max_total_sequence_length,
+            on_error=cfg.env.on_reward_error, env_name=cfg.env.name, group_offset=group_offset, group_size=G)
+    else:
+        names, env_metrics = run_episodes(
+            episodes, generation=generation, environment=environment, env_name=cfg.env.name,
+            on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
+            max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
     if cfg.grpo.malformed_thinking_advantage is not None:  # the seed's NeMo-Gym flagged these; any episode here
         flag_malformed_thinking(episodes, *cfg.reward_penalties.thinking_tags)
     batch = batch_of(episodes, names, tokenizer.pad_token_id,
