@@ -22,9 +22,9 @@ import attrs
 
 from grpo_sdk.core.records import Message, SamplingParams
 from grpo_sdk.serving.engine import GenerationEngine
-from grpo_sdk.serving.openai_api import (BadRequest, Sampling, chat_answer, chat_messages, chat_tools,
-                                         completion_answer, logprob_entries, response_input, responses_answer,
-                                         sampling_of)
+from grpo_sdk.serving.openai_api import (TOKENS, BadRequest, Sampling, chat_answer, chat_messages, chat_tools,
+                                         completion_answer, for_template, logprob_entries, response_input,
+                                         responses_answer, sampling_of)
 from grpo_sdk.serving.sessions import SessionLog, Turn
 
 INVALID_TOOL_CALL = "invalid_tool_call"
@@ -132,26 +132,40 @@ class Endpoint:
 
     def _prompt(self, messages: list[dict[str, Any]], tools: list[dict] | None,
                 session: str | None) -> tuple[list[int], int]:
-        """The prompt's ids and the number of assistant messages it holds. A session's next turn (its
-        history has one more assistant message than the last turn's request, and new messages after
-        it) continues the last turn's exact ids; anything else is rendered from the messages."""
+        """The prompt's ids and the number of assistant messages it holds.
+
+        A conversation that goes on after an assistant turn whose exact tokens are known continues
+        those tokens: the session's last turn (the history has one more assistant message than that
+        turn's request), or the ``prompt_token_ids`` + ``generation_token_ids`` the client sent back on
+        its last assistant message (NeMo-Gym's model server does). Anything else is rendered."""
         assistants = sum(1 for m in messages if m["role"] == "assistant")
+        last_assistant = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None)
+        if last_assistant is None or last_assistant == len(messages) - 1:
+            return self._render(messages, tools, generation_prompt=True), assistants
+        context: tuple[int, ...] | None = None
         last = self.sessions.last(session) if session is not None else None
-        if (last is not None and assistants == last.assistant_messages + 1 and messages[-1]["role"] != "assistant"):
-            after = len(messages) - next(i for i, m in enumerate(reversed(messages)) if m["role"] == "assistant")
-            stop = last.generation_ids[-1] if last.finish_reason == "stop" and last.generation_ids else None
-            observation = [Message(role=m["role"], content=m["content"]) for m in messages[after:]]
-            with self._lock:
-                continuation = self.turns.encode([(observation, stop, self.chat_template)])[0]
-            return list(last.context) + continuation, assistants
-        return self._render(messages, tools, generation_prompt=True), assistants
+        if last is not None and assistants == last.assistant_messages + 1:
+            context, generated = last.context, last.generation_ids
+            stopped = last.finish_reason == "stop"
+        elif TOKENS in messages[last_assistant]:
+            prompt, generated = messages[last_assistant][TOKENS]
+            context = prompt + generated
+            stopped = bool(generated) and generated[-1] in {self.tokenizer.eos_token_id,
+                                                            *self.settings.defaults.stop_token_ids}
+        if context is None:
+            return self._render(messages, tools, generation_prompt=True), assistants
+        stop = generated[-1] if stopped and generated else None
+        observation = [Message(role=m["role"], content=m["content"]) for m in messages[last_assistant + 1:]]
+        with self._lock:
+            continuation = self.turns.encode([(observation, stop, self.chat_template)])[0]
+        return list(context) + continuation, assistants
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
         with self._lock:
             if not self.chat_template:  # plain text: the contents one after another (docs/agents.md)
                 return self.tokenizer("".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
             try:
-                text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                text = self.tokenizer.apply_chat_template(for_template(messages), tools=tools, tokenize=False,
                                                           add_generation_prompt=generation_prompt)
             except Exception as exc:  # noqa: BLE001 - Jinja's TemplateError, or whatever the template raises
                 raise BadRequest(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from None
@@ -163,8 +177,10 @@ class Endpoint:
         base, s = self.settings.defaults, self.settings
         room = s.max_total_tokens - prompt_tokens
         if room <= 0:
-            raise BadRequest(f"the prompt is {prompt_tokens} tokens: no room left to generate within the "
-                             f"{s.max_total_tokens}-token context (policy.max_total_sequence_length)")
+            # vLLM's wording: clients (NeMo-Gym's model server) recognise it and end the rollout
+            raise BadRequest(f"This model's maximum context length is {s.max_total_tokens} tokens "
+                             f"(policy.max_total_sequence_length); the prompt is {prompt_tokens} tokens: no room "
+                             "left to generate")
         limit = min(sampling.max_tokens or base.max_new_tokens, room)
         stops = tuple(dict.fromkeys((*base.stop_token_ids, *sampling.stop_token_ids)))
         if s.sampling == "run":
@@ -172,10 +188,12 @@ class Endpoint:
             if any(v is not None and v != getattr(base, k) for k, v in asked.items()):
                 self.sampling_overridden += 1
             return attrs.evolve(base, max_new_tokens=min(limit, base.max_new_tokens), stop_token_ids=stops)
-        return SamplingParams(max_new_tokens=limit, stop_token_ids=stops, seed=sampling.seed,
-                              temperature=base.temperature if sampling.temperature is None else sampling.temperature,
-                              top_p=base.top_p if sampling.top_p is None else sampling.top_p,
-                              top_k=base.top_k if sampling.top_k is None else sampling.top_k)
+        temperature = base.temperature if sampling.temperature is None else sampling.temperature
+        top_k = base.top_k if sampling.top_k is None else sampling.top_k
+        if temperature == 0:  # greedy, as OpenAI reads it; backends divide by the temperature (NaN logprobs)
+            temperature, top_k = 1.0, 1
+        return SamplingParams(max_new_tokens=limit, stop_token_ids=stops, seed=sampling.seed, temperature=temperature,
+                              top_p=base.top_p if sampling.top_p is None else sampling.top_p, top_k=top_k)
 
     def _sample(self, prompt_ids: Sequence[int], sampling: Sampling, session: str | None,
                 flags: tuple[str, ...]) -> Turn:

@@ -124,8 +124,27 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
         for key in ("tool_call_id", "name"):
             if message.get(key) is not None:
                 item[key] = message[key]
+        if role == "assistant" and message.get("generation_token_ids") is not None:
+            item[TOKENS] = _token_fields(message, f"messages[{i}]")
         out.append(item)
     return out
+
+
+TOKENS = "__grpo_tokens__"  # an assistant message's exact tokens, as a client sent them back (NeMo-Gym does)
+
+
+def _token_fields(message: dict[str, Any], where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(prompt_token_ids, generation_token_ids)`` of an assistant message that carries them."""
+    try:
+        prompt = tuple(int(t) for t in message.get("prompt_token_ids") or ())
+        generated = tuple(int(t) for t in message["generation_token_ids"])
+    except (TypeError, ValueError):
+        raise BadRequest(f"{where}: prompt_token_ids and generation_token_ids must be lists of token ids") from None
+    return prompt, generated
+
+
+def for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in m.items() if k != TOKENS} for m in messages]
 
 
 def response_input(body: dict[str, Any]) -> list[dict[str, Any]]:
