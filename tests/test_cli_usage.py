@@ -185,8 +185,8 @@ def test_every_command_names_the_option_meant(cli, path, options):
     assert options, path
     for option in options:
         typo = option[:-1]
-        if typo in options or len(typo) < 4:
-            continue
+        if typo in options or len(typo) < 4 or sum(o.startswith(typo) for o in options) > 1:
+            continue  # a tie (serve's --top- is --top-k as much as --top-p) names both: test_serve_cmd.py
         code, out, err = cli(*path, typo, "x")
         assert (code, out) == (2, ""), (path, typo, err)
         assert err.splitlines()[-1] == f"Error: No such option: {typo}. Did you mean {option}?", (path, typo)

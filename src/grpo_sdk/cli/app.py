@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import typer
 from typer.core import TyperGroup
 
-from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd
+from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd, serve_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
 from grpo_sdk.trainer.signals import STOP, StopNow, exit_code_of
@@ -97,6 +97,7 @@ app.add_typer(plugins_cmd.app, name="plugins")
 app.command("doctor", epilog=EPILOG)(doctor_cmd.doctor)
 app.command("report", epilog=EPILOG)(report_cmd.report)
 app.command("export", epilog=EPILOG)(export_cmd.export)
+app.command("serve", epilog=EPILOG)(serve_cmd.serve)
 
 
 def main(argv: list[str] | None = None) -> int:

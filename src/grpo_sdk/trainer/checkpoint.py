@@ -248,9 +248,9 @@ def ranking_metric(name: str | None, train_metrics: dict[str, float], val_metric
     return float(value) if value is not None else None
 
 
-def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False) -> Path:
-    """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
-    from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default."""
+def chosen_checkpoint(run_dir: Path, *, step: int | None = None, best: bool = False) -> Path:
+    """The checkpoint of a run directory that `grpoctl export` and `grpoctl serve` take: the latest by
+    default, that of ``step``, or the best by checkpointing.metric_name. ConfigError when there is none."""
     from grpo_sdk.core.errors import ConfigError
 
     manager = saved_manager(run_dir)
@@ -261,8 +261,16 @@ def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bo
         chosen = next((p for p in found if p.name == f"step_{step}"), None)
         if chosen is None:
             raise ConfigError([("--step", f"no checkpoint of step {step}; have {', '.join(p.name for p in found)}")])
-    else:
-        chosen = manager.best() if best else found[-1]
+        return chosen
+    return manager.best() if best else found[-1]
+
+
+def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False) -> Path:
+    """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
+    from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default."""
+    from grpo_sdk.core.errors import ConfigError
+
+    chosen = chosen_checkpoint(run_dir, step=step, best=best)
     if out.exists():
         raise ConfigError([("OUT", f"{out} already exists")])
     shutil.copytree(chosen / "policy", out, ignore=shutil.ignore_patterns("optimizer.*"))
