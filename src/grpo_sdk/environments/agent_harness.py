@@ -19,11 +19,11 @@ run at once. A rollout that raises, times out or returns no usable reward fails,
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import json
 import math
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Sequence
@@ -102,27 +102,36 @@ class AgentHarness:
             return self._agent
 
     def _in_threads(self, tasks: Sequence[AgentTask], call: Any) -> list[AgentResult | BaseException]:
-        results: list[AgentResult | BaseException] = [AgentTimeout("not run")] * len(tasks)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(self.config.max_concurrency, len(tasks)) or 1,
-                                                     thread_name_prefix="grpo-agent")
-        try:
-            futures = {pool.submit(call, task): i for i, task in enumerate(tasks)}
-            # One deadline for the batch: each rollout has timeout_s, and they start together (or
-            # as soon as a slot frees); a rollout still running then is abandoned as timed out.
-            waves = math.ceil(len(tasks) / max(self.config.max_concurrency, 1))
-            done, _ = concurrent.futures.wait(futures, timeout=self.timeout_s * waves)
-            for future, i in futures.items():
-                if future not in done:
-                    results[i] = AgentTimeout(f"the agent did not finish within {self.timeout_s:g} s "
-                                              "(env.agent.timeout_s)")
-                    continue
+        """Daemon threads, not a ThreadPoolExecutor: the interpreter joins an executor's threads at
+        exit, so one stuck agent would hang the process; a daemon thread is abandoned instead."""
+        results: list[AgentResult | BaseException | None] = [None] * len(tasks)
+        queue = list(enumerate(tasks))
+        lock, finished = threading.Lock(), threading.Semaphore(0)
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    i, task = queue.pop(0)
                 try:
-                    results[i] = as_result(future.result())
+                    results[i] = as_result(call(task))
                 except BaseException as exc:  # noqa: BLE001 - the rollout's failure, judged by env.on_reward_error
                     results[i] = exc
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a stuck agent thread is left behind, not waited for
-        return results
+                finished.release()
+
+        for n in range(min(self.config.max_concurrency, len(tasks))):
+            threading.Thread(target=work, name=f"grpo-agent-{n}", daemon=True).start()
+        # Each rollout has timeout_s and they start in waves of max_concurrency: past that many
+        # deadlines the rollouts still running are abandoned as timed out.
+        deadline = time.monotonic() + self.timeout_s * math.ceil(len(tasks) / max(self.config.max_concurrency, 1))
+        for _ in tasks:
+            if not finished.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
+        with lock:
+            queue.clear()  # rollouts not started by now never start
+        timeout = AgentTimeout(f"the agent did not finish within {self.timeout_s:g} s (env.agent.timeout_s)")
+        return [timeout if r is None else r for r in results]
 
     def _in_event_loop(self, tasks: Sequence[AgentTask], agent: Any) -> list[AgentResult | BaseException]:
         async def one(task: AgentTask, slots: asyncio.Semaphore) -> AgentResult | BaseException:
