@@ -28,8 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from grpo_sdk.core.agents import AgentResult, AgentTask
-from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.plugins import AgentResult, AgentTask, GrpoSdkError
 
 
 class AgentTimeout(GrpoSdkError):

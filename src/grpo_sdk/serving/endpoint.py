@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import attrs
 
 from grpo_sdk.core.records import Message, SamplingParams
+from grpo_sdk.serving.continuation import EnvironmentTurns
 from grpo_sdk.serving.engine import GenerationEngine
 from grpo_sdk.serving.openai_api import (TOKENS, BadRequest, Sampling, chat_answer, chat_messages, chat_tools,
                                          completion_answer, for_template, logprob_entries, response_input,
@@ -52,7 +53,6 @@ class Endpoint:
 
     def __init__(self, engine: GenerationEngine, tokenizer: Any, settings: EndpointSettings):
         from grpo_sdk.plugins.tools import tool_call_parser
-        from grpo_sdk.trainer.episodes import EnvironmentTurns
 
         self.engine = engine
         self.tokenizer = tokenizer
@@ -63,6 +63,7 @@ class Endpoint:
         self.turns = EnvironmentTurns(tokenizer)  # the same continuation multi-turn environments get
         self._lock = threading.Lock()  # the tokenizer and EnvironmentTurns' cache are not thread-safe
         self.sampling_overridden = 0
+        self.vocab_size = len(tokenizer)
 
     # --- routes ----------------------------------------------------------------------------------
 
@@ -146,7 +147,7 @@ class Endpoint:
         last = self.sessions.last(session) if session is not None else None
         if last is not None and assistants == last.assistant_messages + 1:
             context, generated = last.context, last.generation_ids
-            stopped = last.finish_reason == "stop"
+            stopped = last.stop_token is not None  # a stop string's last token is no stop token
         elif TOKENS in messages[last_assistant]:
             prompt, generated = messages[last_assistant][TOKENS]
             context = prompt + generated
@@ -184,9 +185,11 @@ class Endpoint:
         limit = min(sampling.max_tokens or base.max_new_tokens, room)
         stops = tuple(dict.fromkeys((*base.stop_token_ids, *sampling.stop_token_ids)))
         if s.sampling == "run":
-            asked = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+            asked = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                     "seed": sampling.seed}
             if any(v is not None and v != getattr(base, k) for k, v in asked.items()):
-                self.sampling_overridden += 1
+                with self._lock:  # HTTP threads count at once
+                    self.sampling_overridden += 1
             return attrs.evolve(base, max_new_tokens=min(limit, base.max_new_tokens), stop_token_ids=stops)
         temperature = base.temperature if sampling.temperature is None else sampling.temperature
         top_k = base.top_k if sampling.top_k is None else sampling.top_k
@@ -198,6 +201,9 @@ class Endpoint:
     def _sample(self, prompt_ids: Sequence[int], sampling: Sampling, session: str | None,
                 flags: tuple[str, ...]) -> Turn:
         params = self._params(sampling, len(prompt_ids))
+        bad = next((t for t in prompt_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:  # else the backend call fails for every request batched with this one
+            raise BadRequest(f"token id {bad} is not a token of this model's tokenizer (0..{self.vocab_size - 1})")
         sampled = self.engine.generate(prompt_ids, params, timeout_s=self.settings.request_timeout_s)
         ids, logprobs, versions = sampled.ids, sampled.logprobs, sampled.versions
         stop_ids = {self.tokenizer.eos_token_id, *params.stop_token_ids}
@@ -209,12 +215,14 @@ class Endpoint:
                     if any(s in text for s in sampling.stop):
                         ids, logprobs, versions, stopped = ids[:n], logprobs[:n], versions[:n], True
                         break
-            shown = ids[:-1] if stopped and ids and ids[-1] in stop_ids else ids
+            stop_token = ids[-1] if stopped and ids and ids[-1] in stop_ids else None
+            shown = ids[:-1] if stop_token is not None else ids
             text = self.tokenizer.decode(shown, skip_special_tokens=False)
         for s in sampling.stop:
             text = text.split(s, 1)[0]
         turn = Turn(prompt_ids=tuple(prompt_ids), generation_ids=tuple(ids), logprobs=tuple(logprobs),
-                    versions=tuple(versions), finish_reason="stop" if stopped else "length", text=text, flags=flags)
+                    versions=tuple(versions), finish_reason="stop" if stopped else "length", text=text, flags=flags,
+                    stop_token=stop_token)
         if session is not None:
             self.sessions.record(session, turn)
         return turn

@@ -62,6 +62,20 @@ class _Request:
         self.done.set()
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
+    """``[B, P]`` ids and attention mask, left-padded (the trainer's ``rollout.left_pad``; a copy, so the
+    serving layer does not depend on the trainer's)."""
+    import torch  # the engine runs only where generation does
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
 def _rows(out: Any) -> list[Sampled]:
     lengths = out.response_lengths.tolist()
     ids, logprobs = out.response_ids.tolist(), out.logprobs.tolist()
@@ -176,8 +190,6 @@ class GenerationEngine:
         return live
 
     def _batched(self, batch: list[_Request]) -> None:
-        from grpo_sdk.trainer.rollout import left_pad  # torch: the engine runs only where generation does
-
         groups: dict[SamplingParams, list[_Request]] = {}
         for request in batch:
             groups.setdefault(request.sampling, []).append(request)
@@ -194,8 +206,6 @@ class GenerationEngine:
                     request.finish(error=exc)
 
     def _stream(self, batch: list[_Request], pending: dict[str, _Request]) -> None:
-        from grpo_sdk.trainer.rollout import left_pad
-
         for request in batch:
             request_id = f"endpoint-{next(self._ids)}"
             input_ids, attention_mask = left_pad([request.prompt_ids], self.pad_token_id)
