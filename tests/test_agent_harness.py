@@ -242,3 +242,16 @@ def test_a_session_that_is_not_one_conversation_fails_the_rollout():
     assert "not a finite number" in str(failure)
     failure = _fill(_episode(), _task(), AgentResult(rewards={"r": 1.0}), [], _Tok(), counts)
     assert "no request" in str(failure) and counts["agent/no_turns"] == 1
+
+
+def test_async_grpo_with_agents_records_each_turns_weight_version(tmp_path):
+    """The endpoint serves the newest synced weights: with async GRPO (one step of staleness,
+    in-flight updates) later steps train on turns sampled by newer weights, and every token
+    carries the version that sampled it."""
+    result = grpoctl(tmp_path, "env.agent.agent=agents_for_test:two_turns", "grpo.max_num_steps=4",
+                     "grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+                     "grpo.async_grpo.schedule=newest", "grpo.async_grpo.in_flight_weight_updates=true",
+                     "loss_fn.use_importance_sampling_correction=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    versions = [row["generation/weight_version"] for row in rows_of(tmp_path / "run")]
+    assert versions[0] == 0 and versions[-1] >= 2 and versions == sorted(versions)
