@@ -93,7 +93,8 @@ class RolloutServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever: forever when it never ran
+            self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
             self._thread.join(5)

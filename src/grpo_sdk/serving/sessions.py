@@ -34,6 +34,7 @@ class Turn:
     text: str = ""  # the generated text as answered (tool calls included, stop token excluded)
     flags: tuple[str, ...] = ()  # "invalid_tool_call", "malformed_thinking": set by the endpoint's parser
     assistant_messages: int = 0  # assistant messages in the request's history (a continuation has one more)
+    stop_token: int | None = None  # the stop token that ended it (its last id); None: max tokens or a stop string
 
     @property
     def context(self) -> tuple[int, ...]:
