@@ -24,11 +24,14 @@ def _declares(registry: Any, env_name: str, capability: Capability) -> bool | No
 def check_episodes(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """The advantage override for invalid tool calls needs an environment that flags them."""
     env = cfg.env.name
+    # An agent environment's turns are flagged by the rollout endpoint when a request offers tools.
     if cfg.grpo.invalid_tool_call_advantage is not None \
-            and _declares(registry, env, Capability.TOOL_CALLS) is False:
+            and _declares(registry, env, Capability.TOOL_CALLS) is False \
+            and _declares(registry, env, Capability.RUNS_AGENTS) is False:
         return [("grpo.invalid_tool_call_advantage",
-                 f"environment {env!r} does not flag invalid tool calls (it does not declare the tool_calls "
-                 "capability), so the override would never apply; use a tool environment, or set it null")]
+                 f"environment {env!r} does not flag invalid tool calls (it declares neither the tool_calls nor "
+                 "the runs_agents capability), so the override would never apply; use a tool environment, or "
+                 "set it null")]
     return []
 
 
