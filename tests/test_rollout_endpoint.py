@@ -30,11 +30,11 @@ from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import GenerationOutput, Message, SamplingParams
 from grpo_sdk.serving import server as server_module
+from grpo_sdk.serving.continuation import EnvironmentTurns  # what the trainer's multi-turn episodes continue with
 from grpo_sdk.serving.endpoint import INVALID_TOOL_CALL, Endpoint, EndpointSettings
 from grpo_sdk.serving.engine import GenerationEngine
 from grpo_sdk.serving.server import RolloutServer
 from grpo_sdk.serving.sessions import SessionLog
-from grpo_sdk.trainer.episodes import EnvironmentTurns
 
 TIMEOUT = 30.0  # seconds, every HTTP call
 USER = [{"role": "user", "content": "7+5+3>"}]
