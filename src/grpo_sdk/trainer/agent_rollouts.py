@@ -136,14 +136,21 @@ def play_agents(episodes: list[Any], prompts: Sequence[Any], *, environment: Any
         for key, value in result.metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
     metrics = {k: v / len(episodes) for k, v in sums.items()}
+    batch_metrics = getattr(environment, "last_metrics", None)  # the batch's own (ReportsMetrics: NeMo-Gym's)
+    if isinstance(batch_metrics, dict):
+        metrics.update({k: float(v) for k, v in batch_metrics.items()})
     metrics.update({k: float(v) for k, v in counts.items()})
     metrics["agent/sampling_overridden"] = float(endpoint.sampling_overridden - overridden)
     return sorted(names) or ["reward"], metrics
 
 
 def _turns(result: AgentResult, recorded: list[Turn]) -> list[Turn]:
+    """The agent's turns, or the session's. A turn the agent hands back that the endpoint recorded in
+    the session (the same prompt and generated ids) is the recorded one: it carries what the agent's
+    copy does not (the endpoint's flags such as invalid_tool_call, weight versions, finish reason)."""
     if result.turns is None:
         return recorded
+    known = {(t.prompt_ids, t.generation_ids): t for t in recorded}
     turns = []
     for i, raw in enumerate(result.turns):
         try:
@@ -159,6 +166,7 @@ def _turns(result: AgentResult, recorded: list[Turn]) -> list[Turn]:
         if len(turns[-1].logprobs) != len(generated):
             raise GrpoSdkError(f"the agent's turn {i + 1} has {len(generated)} generated tokens but "
                                f"{len(turns[-1].logprobs)} logprobs")
+        turns[-1] = known.get((turns[-1].prompt_ids, generated), turns[-1])
     return turns
 
 
