@@ -106,6 +106,10 @@ BUILTIN_OVERRIDES = {
     ("environment", "reward_model"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
                                       "env.reward_model.model_name=acme/tiny-reward-model"],
     ("environment", "code"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false"],
+    # A stand-in for NeMo-Gym's venv (absent from the main lane): it answers the config check's probe.
+    ("environment", "nemo_gym"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
+                                  "env.nemo_gym.python=" + os.path.join(os.path.dirname(__file__), "fixtures",
+                                                                        "nemo_gym", "fake-python")],
     ("weight_sync", "collective"): ["cluster.runtime=ray"],
     ("weight_sync", "cuda_ipc"): ["cluster.runtime=ray", "cluster.device=cuda", "cluster.gpus_per_node=1"],
 }
