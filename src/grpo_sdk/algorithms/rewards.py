@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from grpo_sdk.algorithms.effort_levels import apply_effort_levels, generated_length, last_user_message
 from grpo_sdk.algorithms.length_penalty import CHANNELS, apply_length_penalty, length_penalty_active
 from grpo_sdk.algorithms.reward_penalties import any_penalty, apply_penalties, generated_turns, penalty_flags, \
     reasoning_and_answer, resolve_think_tags
@@ -119,7 +120,8 @@ def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | N
 
 class RolloutRewardChanges:
     """The seed's rollout-side reward changes, in its order: ``reward_penalties.*``, then (training only)
-    ``grpo.length_penalty``, both on the environment's rewards, before scaling and shaping.
+    ``grpo.length_penalty`` and ``grpo.effort_levels``, on the environment's rewards, before scaling
+    and shaping.
 
     The components come back with the penalties applied and nothing else: they stay the raw
     environment reward (the seed's ``env_reward``), while the total carries the length penalty too.
@@ -133,6 +135,7 @@ class RolloutRewardChanges:
 
     def __init__(self, config: Any, tokenizer: Any = None):
         self.penalties, self.length = config.reward_penalties, config.grpo.length_penalty
+        self.effort = getattr(config.grpo, "effort_levels", None)  # absent from hand-built configs: off
         self.tokenizer = tokenizer
         self.penalize, self.shape_length = any_penalty(self.penalties), length_penalty_active(self.length)
         self.tags = resolve_think_tags(self.penalties, tokenizer) if self.penalize or self.shape_length else None
@@ -144,6 +147,20 @@ class RolloutRewardChanges:
                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
         """``(components, total, metrics)``; ``prompt_ids``: each row's prompt tokens as the model saw
         them (for the thinking mode when a prompt's messages carry no token ids)."""
+        metrics: dict[str, float] = {}
+        if training and self.effort is not None and self.effort.active:
+            components, total, metrics = self._changes(components, valid, group_ids, message_logs, metadata,
+                                                       prompt_ids, training)
+            rewards, effort_metrics = apply_effort_levels(
+                total.tolist(), valid.tolist(), [last_user_message(log) for log in message_logs],
+                [generated_length(log) for log in message_logs], self.effort)
+            return components, torch.tensor(rewards, dtype=total.dtype), {**metrics, **effort_metrics}
+        return self._changes(components, valid, group_ids, message_logs, metadata, prompt_ids, training)
+
+    def _changes(self, components: dict[str, torch.Tensor], valid: torch.Tensor, group_ids: torch.Tensor,
+                 message_logs: Sequence[Sequence[Any]], metadata: Sequence[dict[str, Any]],
+                 prompt_ids: Sequence[Sequence[int]] | None, training: bool,
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, float]]:
         metrics: dict[str, float] = {}
         if not self.penalize and not (training and self.shape_length):
             return components, torch.stack(list(components.values())).sum(0), metrics

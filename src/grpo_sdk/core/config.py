@@ -339,6 +339,30 @@ class LengthPenaltyConfig:
     profile_band: ProfileBandConfig = option(factory=ProfileBandConfig, help="Global length bands.")
 
 
+def _effort_bound(instance: Any, attribute: Any, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"low_ub must be positive (it divides the response length), got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class EffortLevelsConfig:
+    """``grpo.effort_levels``: length shaping of the rewards of low-effort prompts (NeMo-RL's effort
+    levels, which the seed reads from env.nemo_gym): a prompt whose last user message contains
+    ``low_string`` gets ``length_reward = min(1, low_weight * (1 - length / low_ub))`` and its reward
+    becomes ``r + r * max(length_reward, 0) + low_penalty * min(length_reward, 0)``, length being
+    the model's tokens in the episode. Training only; off while low_weight is 0 or low_string empty."""
+
+    low_weight: float = option(0.0, "Weight of the length term; 0 turns effort shaping off.",
+                               validator=v.ge(0.0))
+    low_penalty: float = option(1.0, "Coefficient of the length term when it is negative (past low_ub).")
+    low_ub: int = option(64000, "Length in tokens at which the length term reaches 0.", validator=_effort_bound)
+    low_string: str = option("", "Text that marks a prompt as low-effort (in its last user message); empty: off.")
+
+    @property
+    def active(self) -> bool:
+        return self.low_weight > 0 and bool(self.low_string)
+
+
 @attrs.frozen(kw_only=True)
 class GRPOConfig:
     __removed__ = {"skip_reference_policy_logprobs_calculation": RemovedOption(
@@ -397,6 +421,8 @@ class GRPOConfig:
                                          "training with bounded staleness (docs/async.md).")
     length_penalty: LengthPenaltyConfig = option(factory=LengthPenaltyConfig, help="Per-group length bonuses and "
                                                  "penalties on 0/1 rewards, training only (the seed's).")
+    effort_levels: EffortLevelsConfig = option(factory=EffortLevelsConfig, help="Length shaping of low-effort "
+                                               "prompts' rewards, training only (NeMo-RL's effort levels).")
 
 
 # --- loss_fn --------------------------------------------------------------------------------
