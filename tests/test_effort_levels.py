@@ -12,7 +12,7 @@ from grpo_sdk.core.config import EffortLevelsConfig
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.records import Message
 
-ON = EffortLevelsConfig(low_weight=0.5, low_penalty=2.0, low_ub=100, low_string="@low")
+ON = EffortLevelsConfig(low_weight=0.5, low_penalty=2.0, low_ub=100, low_string="low-effort")
 
 
 @pytest.mark.parametrize("reward, length, expected, term", [
@@ -29,7 +29,7 @@ def test_the_formula(reward, length, expected, term):
 
 def test_only_valid_low_effort_rows_change_and_both_kinds_are_reported():
     rewards, metrics = apply_effort_levels([1.0, 1.0, 0.0, 1.0], [True, True, False, True],
-                                           ["a @low", "b", "@low failed", "@low c"], [20, 30, 200, 60], ON)
+                                           ["a low-effort", "b", "low-effort failed", "low-effort c"], [20, 30, 200, 60], ON)
     assert rewards == pytest.approx([1.4, 1.0, 0.0, 1.2])
     assert metrics["effort/mean_length_low"] == 40 and metrics["effort/median_length_low"] == 40
     assert metrics["effort/mean_length_high"] == 30 and metrics["effort/mean_reward_low"] == pytest.approx(1.3)
@@ -42,17 +42,17 @@ def _log(prompt: str, answer_tokens: int) -> list[Message]:
 
 
 def test_training_rewards_are_shaped_validation_rewards_are_not(registry):
-    cfg = load_config(None, ["grpo.effort_levels.low_weight=0.5", "grpo.effort_levels.low_string=@low",
+    cfg = load_config(None, ["grpo.effort_levels.low_weight=0.5", "grpo.effort_levels.low_string=low-effort",
                              "grpo.effort_levels.low_ub=100"], registry)
     changes = RolloutRewardChanges(cfg)
     components = {"reward": torch.tensor([1.0, 1.0])}
-    logs = [_log("@low be brief", 20), _log("think hard", 20)]
+    logs = [_log("low-effort be brief", 20), _log("think hard", 20)]
     args = (components, torch.tensor([True, True]), torch.tensor([0, 0]), logs, [{}, {}])
     _, total, metrics = changes(*args)
     assert total.tolist() == pytest.approx([1.4, 1.0]) and "effort/mean_length_reward_low" in metrics
     _, total, metrics = changes(*args, training=False)
     assert total.tolist() == [1.0, 1.0] and not metrics
-    off = RolloutRewardChanges(load_config(None, ["grpo.effort_levels.low_string=@low"], registry))
+    off = RolloutRewardChanges(load_config(None, ["grpo.effort_levels.low_string=low-effort"], registry))
     assert off(*args)[1].tolist() == [1.0, 1.0]  # low_weight 0: off
 
 
