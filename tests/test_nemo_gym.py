@@ -6,7 +6,8 @@ simple_agent + vllm_model + a resources server, the model a stub; nulls dropped)
 errors, a server that cannot start. With NeMo-Gym
 (marker ``nemo_gym``, skipped when its venv is absent; ``.ci/nemo-gym-lane`` builds it and runs
 them): ``grpoctl run`` on the tiny model with the shipped calculator resources server for 3 steps,
-a resources server that does not start, and ``/run`` past its timeout.
+with NeMo-Gym's own example_single_tool_call for 2, a resources server that does not start, and
+``/run`` past its timeout.
 """
 
 from __future__ import annotations
@@ -325,4 +326,37 @@ def test_a_run_past_its_timeout_fails_the_rollout(tmp_path, on_error):
         assert result.returncode == 0, result.stderr[-3000:]
         assert [r["reward/num_failed"] for r in steps] == [4, 4]  # one slow prompt of two, 4 rollouts each
         assert all(r["env/agent/failed"] == 4 and math.isfinite(r["token_mult_prob_error"]) for r in steps)
+    assert gym_processes(tmp_path / "run" / "nemo_gym") == []
+
+
+@pytest.mark.nemo_gym
+@needs_gym
+def test_a_resources_server_nemo_gym_ships_runs_by_name(tmp_path):
+    """example_single_tool_call (a get_weather tool, reward 1 for any answer) from NeMo-Gym's package,
+    on its own example rows (the system message left out: the tiny model has 64 positions)."""
+    import subprocess
+
+    probe = "import importlib.util as u; print(list(u.find_spec(%r).submodule_search_locations)[0])"
+    server = subprocess.run([str(GYM_PYTHON), "-I", "-c", probe % "resources_servers.example_single_tool_call"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for line in Path(server, "data", "example.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            params = row["responses_create_params"]
+            params["input"] = [m for m in params["input"] if m["role"] == "user"]
+            f.write(json.dumps({**row, "prompt": params["input"][-1]["content"]}) + "\n")
+    (tmp_path / "run.yaml").write_text(
+        "policy: {model_name: 'builtin:tiny-gpt2', max_total_sequence_length: 64, generation: {max_new_tokens: 8}}\n"
+        "grpo: {num_prompts_per_step: 2, num_generations_per_prompt: 2, max_num_steps: 2, val_period: 0, "
+        "val_at_end: false}\n"
+        "data: {train_path: rows.jsonl}\ncheckpointing: {enabled: false}\nlogger: {loggers: [jsonl]}\n"
+        f"env: {{name: nemo_gym, nemo_gym: {{python: {GYM_PYTHON}, resources_server: example_single_tool_call}}}}\n")
+    result = run_grpoctl("run", "-c", "run.yaml", "--run-dir", "run", cwd=tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "reward/mean" in r]
+    assert len(steps) == 2
+    for row in steps:
+        assert row["reward/mean"] == 1.0 and row["env/aggregate/mean/reward"] == 1.0
+        assert abs(row["token_mult_prob_error"] - 1.0) < 1e-3
     assert gym_processes(tmp_path / "run" / "nemo_gym") == []
