@@ -69,7 +69,7 @@ def sampling_of(body: dict[str, Any], max_tokens_keys: Sequence[str]) -> Samplin
     top_k = _number(body, "top_k", int)
     return Sampling(max_tokens=max_tokens, temperature=_number(body, "temperature", float, 0.0, 100.0),
                     top_p=_number(body, "top_p", float, 0.0, 1.0), top_k=None if top_k in (None, -1, 0) else top_k,
-                    seed=_number(body, "seed", int), stop=tuple(stop), stop_token_ids=tuple(stop_ids),
+                    seed=_number(body, "seed", int, 0, 2**63 - 1), stop=tuple(stop), stop_token_ids=tuple(stop_ids),
                     logprobs=bool(body.get("logprobs")) or body.get("top_logprobs") is not None,
                     token_ids_as_text=bool(body.get("return_tokens_as_token_ids")))
 

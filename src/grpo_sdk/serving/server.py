@@ -165,6 +165,7 @@ def _handler_for(server: RolloutServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: an agent's client reuses its connection
         server_version = "grpo-sdk-endpoint"
+        timeout = 120  # seconds a connection may sit idle or trickle its body: a slow client cannot pin a thread
 
         def _answer(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
