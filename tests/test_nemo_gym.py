@@ -206,7 +206,8 @@ policy:
   max_total_sequence_length: 64
   generation: {{max_new_tokens: 2, temperature: 1.0}}
 grpo: {{num_prompts_per_step: 2, num_generations_per_prompt: 4, max_num_steps: {steps}, val_period: 0,
-        val_at_end: false, invalid_tool_call_advantage: -0.5, length_penalty: {{default: {{total_bonus: 0.1}}}}}}
+        val_at_end: false, invalid_tool_call_advantage: -0.5, length_penalty: {{default: {{total_bonus: 0.1}}}},
+        effort_levels: {{low_weight: 1.0, low_string: "<low>"}}}}
 reward_penalties: {{penalize_empty_final_answer: true}}
 loss_fn: {{reference_policy_kl_penalty: 0.0}}
 data: {{train_path: rows.jsonl, shuffle: false}}
@@ -262,6 +263,7 @@ def test_grpoctl_trains_the_tiny_model_through_nemo_gyms_servers(tmp_path):
         assert row["env/agent/failed"] == 0 and row["env/agent/broken_sessions"] == 0
         assert row["reward/num_failed"] == 0
         assert "reward_penalties/zeroed_fraction" in row and "length_penalty/env_reward_mean" in row
+        assert row["effort/mean_length_high"] > 0  # no prompt is marked low-effort: measured, unchanged
     # The tiny random model's two-digit turns are add() calls NeMo-Gym's agent makes, the rest invalid:
     # the endpoint's invalid_tool_call flags reach the episodes through the handed-back turns.
     assert max(r["episode/turns_max"] for r in steps) >= 2
