@@ -30,6 +30,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 PUBLIC_NAMES = [
     "AdvantageEstimator",
+    "AgentResult",
+    "AgentTask",
     "AsyncGeneration",
     "Capability",
     "Checkpointable",
@@ -40,6 +42,7 @@ PUBLIC_NAMES = [
     "DataError",
     "DeclaresRewardComponents",
     "DeclaresTools",
+    "EndpointConfig",
     "Environment",
     "EnvironmentReturn",
     "EnvironmentStepError",
@@ -65,6 +68,7 @@ PUBLIC_NAMES = [
     "ReportsMetrics",
     "RunContext",
     "RunStatus",
+    "RunsAgents",
     "SUPPORTED_PLUGIN_APIS",
     "SamplingParams",
     "SupportsShutdown",
@@ -90,6 +94,7 @@ PROTOCOLS = {
     "Checkpointable": {"load_checkpoint": "(self, path)", "save_checkpoint": "(self, path)"},
     "DeclaresRewardComponents": {"num_reward_components": "(self)"},
     "DeclaresTools": {"tool_schemas": "(self)"},
+    "RunsAgents": {"run_agents": "(self, tasks)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
     "Generation": {
         "finish_generation": "(self)",
@@ -135,6 +140,7 @@ PROTOCOLS = {
 # Protocol members that are attributes (a plain attribute or a property satisfies them), not methods.
 PROTOCOL_ATTRIBUTES = {
     "ReportsMetrics": {"last_metrics"},
+    "RunsAgents": {"endpoint"},
     "SurvivorNormalizedLoss": {"requires_survivor_normalization"},
     "Worker": {"component", "rank", "world_size", "device", "state"},
     "WorkerGroup": {"workers"},
@@ -142,6 +148,11 @@ PROTOCOL_ATTRIBUTES = {
 
 # Each record's fields in order; "=" marks a field with a default (optional to construct).
 RECORDS = {
+    "AgentResult": "rewards, metrics=, turns=, flags=, info=",
+    "AgentTask": ("session_id, base_url, endpoint_url, api_key, model, prompt, messages, row, max_tokens, "
+                  "timeout_s, group, index"),
+    "EndpointConfig": ("host=, port=, api_key=, model_name=, tool_parser=, request_timeout_s=, max_queue=, "
+                       "max_connections="),
     "ComponentInfo": "kind, name, status, spec=, entry_point=, dist=, version=, problem=, hint=",
     "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, metrics=, summary=, check=",
     "ConfigSection": "name, config, summary=",

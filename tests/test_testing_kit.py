@@ -106,6 +106,8 @@ BUILTIN_OVERRIDES = {
     ("environment", "reward_model"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
                                       "env.reward_model.model_name=acme/tiny-reward-model"],
     ("environment", "code"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false"],
+    ("environment", "agent"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
+                               "env.agent.agent=http://127.0.0.1:9/agent"],
     # A stand-in for NeMo-Gym's venv (absent from the main lane): it answers the config check's probe.
     ("environment", "nemo_gym"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
                                   "env.nemo_gym.python=" + os.path.join(os.path.dirname(__file__), "fixtures",

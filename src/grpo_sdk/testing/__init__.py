@@ -70,6 +70,7 @@ import attrs
 
 from grpo_sdk.core import protocols
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.multi_turn import DeclaresTools
 from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
@@ -341,6 +342,7 @@ def signature_problem(required: inspect.Signature, actual: inspect.Signature) ->
 CAPABILITY_PROTOCOLS: dict[str, type] = {
     "generates_prompts": protocols.PromptSampler,
     "in_flight_weight_updates": protocols.PausesForRefit,
+    "runs_agents": RunsAgents,
     "tool_calls": DeclaresTools,
 }
 """A declared capability -> the optional protocol whose methods it promises (``check_protocol``)."""

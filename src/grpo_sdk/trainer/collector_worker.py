@@ -122,9 +122,12 @@ class CollectorWorker(ComponentWorker):
         return {"pid": os.getpid(), "node": self.ping()["node"], "methods": []}
 
     def teardown(self) -> None:
+        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+
         try:
             if self.component is not None:
                 self.component.stop()
+            close_endpoints()  # an agent environment's endpoint served from this worker
         finally:
             self.component = None
             environment = getattr(self, "environment", None)

@@ -555,7 +555,10 @@ class GRPOTrainer:
 
     def shutdown(self) -> None:
         """Close what setup opened, newest first (loggers are closed by ``train``)."""
+        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+
         try:
+            close_endpoints()  # the rollout endpoint before the backend it generates with
             for component in reversed(self.opened):
                 if isinstance(component, SupportsShutdown):
                     component.shutdown()
