@@ -255,3 +255,13 @@ def test_async_grpo_with_agents_records_each_turns_weight_version(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     versions = [row["generation/weight_version"] for row in rows_of(tmp_path / "run")]
     assert versions[0] == 0 and versions[-1] >= 2 and versions == sorted(versions)
+
+
+def test_agents_on_the_ray_runtime(tmp_path):
+    """On Ray the policy and generation are actors; the agent environment is not (its agents reach
+    the policy over HTTP, at the endpoint served where rollouts are collected)."""
+    result = grpoctl(tmp_path, "env.agent.agent=agents_for_test:two_turns", "grpo.max_num_steps=2",
+                     "cluster.runtime=ray")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = rows_of(tmp_path / "run")
+    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 and r["env/agent/failed"] == 0 for r in rows)

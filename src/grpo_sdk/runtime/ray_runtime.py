@@ -54,6 +54,7 @@ from typing import Any
 
 import attrs
 
+from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
 from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup, local_methods,
@@ -208,7 +209,9 @@ class RayRuntime:
     # --- building components --------------------------------------------------------------------
 
     def build(self, kind: str, name: str, config: Any, context: Any) -> Any:
-        if kind not in REMOTE_KINDS:
+        if kind not in REMOTE_KINDS or (kind == "environment" and self._runs_agents(name)):
+            # An agent environment only starts agents, which reach the policy over HTTP (the
+            # rollout endpoint, served where the rollouts are collected): it needs no actors.
             return self.registry.load_impl(kind, name)(config, context)
         self._check_remote_component(kind, name)
         self.registry.get(kind, name)  # a clear PluginError (unknown, missing extra) before any actor starts
@@ -217,6 +220,9 @@ class RayRuntime:
         if kind == "generation":
             return self._build_generation(name, config, context)
         return self._build_environment(name, config, context)
+
+    def _runs_agents(self, name: str) -> bool:
+        return Capability.RUNS_AGENTS in self.registry.get("environment", name).capabilities
 
     def _build_policy(self, name: str, config: Any, context: Any) -> PolicyGroup:
         role = "policy" if self.policy_group is None else "teacher"
