@@ -120,6 +120,7 @@ def play_agents(episodes: list[Any], prompts: Sequence[Any], *, environment: Any
                                    f"{len(tasks)} tasks; it must return one per task, in order")
     names: set[str] = set()
     sums: dict[str, float] = {}
+    reported: dict[str, int] = {}
     counts = {"agent/failed": 0, "agent/no_turns": 0, "agent/broken_sessions": 0}
     for episode, task, result, recorded in zip(episodes, tasks, results, taken):
         failure = _fill(episode, task, result, recorded, tokenizer, counts)
@@ -135,7 +136,8 @@ def play_agents(episodes: list[Any], prompts: Sequence[Any], *, environment: Any
         names.update(result.rewards)
         for key, value in result.metrics.items():
             sums[key] = sums.get(key, 0.0) + float(value)
-    metrics = {k: v / len(episodes) for k, v in sums.items()}
+            reported[key] = reported.get(key, 0) + 1
+    metrics = {k: v / reported[k] for k, v in sums.items()}  # over the rollouts that reported it
     batch_metrics = getattr(environment, "last_metrics", None)  # the batch's own (ReportsMetrics: NeMo-Gym's)
     if isinstance(batch_metrics, dict):
         metrics.update({k: float(v) for k, v in batch_metrics.items()})
