@@ -362,3 +362,21 @@ def test_a_resources_server_nemo_gym_ships_runs_by_name(tmp_path):
         assert row["reward/mean"] == 1.0 and row["env/aggregate/mean/reward"] == 1.0
         assert abs(row["token_mult_prob_error"] - 1.0) < 1e-3
     assert gym_processes(tmp_path / "run" / "nemo_gym") == []
+
+
+def test_a_native_nemo_gym_row_needs_no_prompt_key(tmp_path):
+    """NeMo-Gym's JSONL rows have no prompt column: the prompt is the last user message of
+    responses_create_params.input (NeMo-RL's rule), and the row reaches /run as written."""
+    from grpo_sdk.trainer.data import PromptBuilder, load_prompts
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"responses_create_params": {"input": [
+        {"role": "system", "content": "Use the tool."}, {"role": "user", "content": "7+5+3>"}]},
+        "expected_answer": "5"}) + "\n" + json.dumps({"responses_create_params": {"input": "1+1+1>"}}) + "\n")
+    prompts = load_prompts(rows, prompt_key="prompt", builder=PromptBuilder(), max_prompt_tokens=None,
+                           filter_long=False)
+    assert [p.text for p in prompts] == ["7+5+3>", "1+1+1>"]
+    assert prompts[0].metadata["responses_create_params"]["input"][0]["content"] == "Use the tool."
+    rows.write_text(json.dumps({"responses_create_params": {"input": []}}) + "\n")
+    with pytest.raises(Exception, match="no 'prompt' key"):
+        load_prompts(rows, prompt_key="prompt", builder=PromptBuilder(), max_prompt_tokens=None, filter_long=False)

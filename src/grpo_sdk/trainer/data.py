@@ -325,6 +325,22 @@ def encode_texts(builder: PromptBuilder, texts: list[str],
     return [t for p in parts for t in p[0]], [ids for p in parts for ids in p[1]]
 
 
+def gym_prompt(row: dict[str, Any]) -> str | None:
+    """The prompt of a NeMo-Gym row (``responses_create_params.input``: text, or items whose last user
+    message is the prompt, as NeMo-RL classifies it), or None for any other row."""
+    params = row.get("responses_create_params")
+    items = params.get("input") if isinstance(params, dict) else None
+    if isinstance(items, str):
+        return items or None
+    for item in reversed(items if isinstance(items, list) else []):
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content if isinstance(content, str) and content else None
+    return None
+
+
 def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, max_prompt_tokens: int | None,
                  filter_long: bool, num_workers: int = 1, key: str = "data.train_path",
                  label: str = "") -> list[Prompt]:
@@ -335,6 +351,8 @@ def load_prompts(path: str | Path, *, prompt_key: str, builder: PromptBuilder, m
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected an object with a {prompt_key!r} key, got {type(row).__name__}")
         column = prompt_key if prompt_key in row else MESSAGES_KEY if MESSAGES_KEY in row else None
+        if column is None and gym_prompt(row):  # a NeMo-Gym row: its last user message is the prompt
+            row, column = {**row, prompt_key: gym_prompt(row)}, prompt_key
         if column is None:
             raise DataError(f"{where}: no {prompt_key!r} key (data.prompt_key) and no {MESSAGES_KEY!r}; "
                             f"keys: {sorted(row)}")
