@@ -168,3 +168,40 @@ def test_longtail_repeat_prompts_one_digit_and_its_judge_sleeps(async_envs):
     got = fixed.step([log(meta[0]["target"]), log(meta[1]["target"][:4])], meta)
     assert time.perf_counter() - start >= 0.2
     assert got.rewards["correct_digits"] == [1.0, 0.8]
+
+
+def test_endpoint_overhead_prints_the_table():
+    """benchmarks/endpoint_overhead.py, one round of 16 rollouts: every contender plays, and the counts add up."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH / "endpoint_overhead.py"), "--repeats", "1", "--rollouts", "16"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"load avg \d", out) and "1 prompts x 16 = 16 rollouts" in out
+    number = r"\s+([\d.,]+)"
+    rows = {m.group(1): [float(v.replace(",", "")) for v in m.groups()[1:]]
+            for m in re.finditer(r"^(\(\w+\) .+?)" + number * 7 + "$", out, re.MULTILINE)}
+    assert list(rows) == ["(a) in-process", "(b) endpoint, urllib", "(c) endpoint, openai",
+                          "(c1) openai, one shared client", "(d) Endpoint.chat, fake engine"], out
+    for name, (wall, ratio, cpu, turns, per_s, calls, inside) in rows.items():
+        assert wall > 0 and 16 <= turns <= 48, (name, out)  # every rollout plays 1-3 turns
+        assert inside <= wall
+    assert rows["(a) in-process"][1] == 1.0
+    assert 1 <= rows["(a) in-process"][5] <= 3  # one generate call per turn
+    for name in list(rows)[1:4]:
+        assert rows[name][5] >= 1  # batched: at most one call per request
+        assert rows[name][5] <= rows[name][3]
+    assert rows["(d) Endpoint.chat, fake engine"][3] == 48 and rows["(d) Endpoint.chat, fake engine"][5] == 0
+    assert re.search(r"^\(d\) the endpoint's own cost per request .*: \d+ us$", out, re.MULTILINE), out
+    assert "the openai client over urllib, (c) - (b):" in out
+    probes = re.findall(r"^  (\S.*?)\s+([\d.]+) ms wall\s+([\d.]+) ms CPU$", out, re.MULTILINE)
+    assert [p[0] for p in probes] == ["urllib, a connection per request", "openai over one keep-alive httpx client",
+                                      "openai, the same, server with TCP_NODELAY",
+                                      "building an httpx.Client (its TLS context)",
+                                      "Endpoint.chat, no HTTP"], out
+
+
+def test_endpoint_overhead_bad_options_exit_2():
+    proc = subprocess.run([sys.executable, str(BENCH / "endpoint_overhead.py"), "--rollouts", "20"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "--rollouts must be a positive multiple of 16" in proc.stderr
