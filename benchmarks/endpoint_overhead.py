@@ -12,10 +12,11 @@ generations = 128 rollouts of up to 3 turns of at most 2 new tokens, on the buil
   examples/agents/calculator-agent.yaml), each playing the example agent's loop with the standard
   library's ``urllib.request`` (a new connection per request);
 * ``(c) endpoint, openai``: the same with the example agent itself,
-  examples/agents/calculator_agent.py:run (the ``openai`` client over one ``httpx.Client`` per
-  thread; the harness starts its threads for each step, so that is one client per rollout);
-* ``(c1) openai, one shared client``, a what-if: (c) with one ``httpx.Client`` shared by every
-  thread for the whole run (the example's ``_http`` swapped for the step);
+  examples/agents/calculator_agent.py:run (the ``openai`` client over one ``httpx.Client`` the
+  example shares across every rollout);
+* ``(c1) openai, a client per rollout``, a what-if: (c) with ``OpenAI()`` building its own HTTP
+  client every rollout (the example's ``HTTP`` set to None for the step), as an agent that
+  constructs its client in its rollout function does;
 * ``(d) Endpoint.chat, fake engine``: the endpoint's own work per request and nothing else: the
   same agent loop calling ``Endpoint.chat`` directly in one thread (no HTTP, no threads), over an
   engine that answers at once (two digits; on the third turn a digit and ``<eos>``).
@@ -68,12 +69,12 @@ import examples.agents.calculator_agent as example  # noqa: E402
 from examples.agents.calculator_agent import EOS, matching, reference_turns  # noqa: E402
 
 GENERATIONS = 16  # per prompt, as the recipe
-# name: (how the step is played, what-if: one httpx client shared by every thread for the whole run)
+# name: (how the step is played, what-if: OpenAI() builds its own HTTP client every rollout)
 CONTENDERS = {
     "(a) in-process": ("calculator", False),
     "(b) endpoint, urllib": ("urllib", False),
     "(c) endpoint, openai": ("openai", False),
-    "(c1) openai, one shared client": ("openai", True),
+    "(c1) openai, a client per rollout": ("openai", True),
     "(d) Endpoint.chat, fake engine": ("fake", False),
 }
 PROBES = 30  # requests per probe
@@ -204,9 +205,6 @@ class Bench:
         for kind, agent in (("urllib", urllib_agent), ("openai", example.run)):
             self.environments[kind] = AgentHarness(AgentHarnessConfig(agent=reference_for(agent), max_concurrency=128,
                                                                       timeout_s=60), None)
-        # what-if (c1): one client for the process, with a pool for 128 threads (httpx's default is 100)
-        self.shared_http = httpx.Client(timeout=60, limits=httpx.Limits(max_connections=256,
-                                                                         max_keepalive_connections=256))
         self.fake = FakeEngine(self.tokenizer)
         self.fake_endpoint = Endpoint(self.fake, self.tokenizer, EndpointSettings(
             model_name="policy", sampling="run", defaults=self.sampling,
@@ -218,22 +216,22 @@ class Bench:
         from grpo_sdk.core.records import Message
         from grpo_sdk.trainer.rollout import collect_rollouts
 
-        kind, shared = CONTENDERS[contender]
+        kind, per_rollout = CONTENDERS[contender]
         self.counter.reset()
-        per_thread = example._http
+        shared = example.HTTP
         start, cpu = time.perf_counter(), time.process_time()
         if kind == "fake":
             turns = self._fake_step(prompts)
         else:
-            if shared:  # the example's agent as it is, but its _http() gives every thread the same client
-                example._http = lambda: self.shared_http
+            if per_rollout:  # the example's agent as it is, but OpenAI(http_client=None) builds its own
+                example.HTTP = None
             try:
                 batch, _ = collect_rollouts(prompts=prompts, tokenizer=self.tokenizer, generation=self.generation,
                                             environment=self.environments[kind], cfg=self.cfg, sampling=self.sampling,
                                             max_prompt_tokens=self.max_prompt_tokens, group_offset=0,
                                             num_generations=GENERATIONS)
             finally:
-                example._http = per_thread
+                example.HTTP = shared
             failed = int((~batch.reward_valid).sum())
             if failed:
                 raise SystemExit(f"{contender}: {failed} of {len(batch.message_logs)} rollouts failed")
@@ -270,7 +268,6 @@ class Bench:
         from grpo_sdk.trainer.agent_rollouts import close_endpoints
 
         close_endpoints()
-        self.shared_http.close()
 
     def probes(self) -> dict[str, tuple[float, float]]:
         """One thread, one request at a time, over HTTP to the fake engine's endpoint (no model): what a
@@ -282,25 +279,25 @@ class Bench:
 
         body = {"model": "policy", "messages": [{"role": "user", "content": "7+5+3>"}], "max_tokens": 2}
         shipped = RolloutServer(self.fake_endpoint)
-        nodelay = RolloutServer(self.fake_endpoint)
-        # what-if: TCP_NODELAY on the server's sockets (socketserver sets it as it accepts a connection when
-        # the handler class says so); this server's handler class is its own
-        nodelay._httpd.RequestHandlerClass.disable_nagle_algorithm = True
+        nagle = RolloutServer(self.fake_endpoint)
+        # what-if: the server without TCP_NODELAY, as it first shipped (socketserver sets TCP_NODELAY on an
+        # accepted connection when the handler class says so); this server's handler class is its own
+        nagle._httpd.RequestHandlerClass.disable_nagle_algorithm = False
         out = {}
         try:
-            for server in (shipped, nodelay):
+            for server in (shipped, nagle):
                 server.start()
             url = shipped.base_url + "/chat/completions"
             out["urllib, a connection per request"] = timed(lambda: urllib_post(url, body))
             for name, server in (("openai over one keep-alive httpx client", shipped),
-                                 ("openai, the same, server with TCP_NODELAY", nodelay)):
+                                 ("openai, the same, server without TCP_NODELAY", nagle)):
                 with httpx.Client(timeout=60) as http:
                     client = OpenAI(base_url=server.base_url, api_key="EMPTY", http_client=http, max_retries=0)
                     out[name] = timed(lambda: client.chat.completions.create(**body))
             out["building an httpx.Client (its TLS context)"] = timed(lambda: httpx.Client(timeout=60).close())
             out["Endpoint.chat, no HTTP"] = timed(lambda: self.fake_endpoint.chat(body, None))
         finally:
-            for server in (shipped, nodelay):
+            for server in (shipped, nagle):
                 server.stop()
         return out
 
@@ -371,12 +368,12 @@ def main() -> int:
           "calls, which the agent and HTTP threads stretch while they hold the GIL")
     print(f"\n(d) the endpoint's own cost per request (Endpoint.chat, no model, no HTTP): "
           f"{d['wall'] / d['turns'] * 1e6:.0f} us")
-    for name, m in (("(b) urllib", b), ("(c) openai", c), ("(c1) openai, one shared client", c1)):
+    for name, m in (("(b) urllib", b), ("(c) openai", c), ("(c1) openai, a client per rollout", c1)):
         print(f"{name}: x{m['wall'] / base:.2f} of in-process, "
               f"{(m['cpu'] - a['cpu']) / m['turns'] * 1e3:.2f} ms more CPU per turn")
     print(f"the openai client over urllib, (c) - (b): {(c['wall'] - b['wall']) / c['turns'] * 1e3:+.2f} ms of wall "
-          f"and {(c['cpu'] - b['cpu']) / c['turns'] * 1e3:+.2f} ms of CPU per turn; a client per thread (per rollout "
-          f"here) over one shared, (c) / (c1): x{c['wall'] / c1['wall']:.2f}")
+          f"and {(c['cpu'] - b['cpu']) / c['turns'] * 1e3:+.2f} ms of CPU per turn; a client per rollout over one "
+          f"shared, (c1) / (c): x{c1['wall'] / c['wall']:.2f}")
     print(f"\nprobes: one thread, one request at a time, the fake engine over HTTP; medians of {PROBES}; {load()}")
     for name, (wall, cpu) in probes.items():
         print(f"  {name:<44} {wall * 1e3:>7.2f} ms wall {cpu * 1e3:>7.2f} ms CPU")

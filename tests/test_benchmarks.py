@@ -182,7 +182,7 @@ def test_endpoint_overhead_prints_the_table():
     rows = {m.group(1): [float(v.replace(",", "")) for v in m.groups()[1:]]
             for m in re.finditer(r"^(\(\w+\) .+?)" + number * 7 + "$", out, re.MULTILINE)}
     assert list(rows) == ["(a) in-process", "(b) endpoint, urllib", "(c) endpoint, openai",
-                          "(c1) openai, one shared client", "(d) Endpoint.chat, fake engine"], out
+                          "(c1) openai, a client per rollout", "(d) Endpoint.chat, fake engine"], out
     for name, (wall, ratio, cpu, turns, per_s, calls, inside) in rows.items():
         assert wall > 0 and 16 <= turns <= 48, (name, out)  # every rollout plays 1-3 turns
         assert inside <= wall
@@ -196,7 +196,7 @@ def test_endpoint_overhead_prints_the_table():
     assert "the openai client over urllib, (c) - (b):" in out
     probes = re.findall(r"^  (\S.*?)\s+([\d.]+) ms wall\s+([\d.]+) ms CPU$", out, re.MULTILINE)
     assert [p[0] for p in probes] == ["urllib, a connection per request", "openai over one keep-alive httpx client",
-                                      "openai, the same, server with TCP_NODELAY",
+                                      "openai, the same, server without TCP_NODELAY",
                                       "building an httpx.Client (its TLS context)",
                                       "Endpoint.chat, no HTTP"], out
 

@@ -3,7 +3,8 @@
 Requests arrive from the HTTP server's threads; the engine is the only caller of the backend
 while it runs. A backend with ``submit``/``poll`` (``AsyncGeneration``: vLLM's async engine) gets
 every request as it comes (continuous batching). Any other backend (hf, a third party's) gets
-batches: the engine waits ``batch_wait_s`` after the first request for others, groups them by
+batches: the engine takes the requests that arrive within ``batch_wait_s`` of each other (up to
+``max_batch_wait_s`` after the first), groups them by
 sampling parameters and calls ``generate`` once per group, so 128 agents talking at once cost a
 few batched calls, not 128.
 
@@ -96,11 +97,12 @@ class GenerationEngine:
     """
 
     def __init__(self, generation: Any, *, pad_token_id: int, max_batch: int = 256, max_queue: int = 1024,
-                 batch_wait_s: float = 0.005):
+                 batch_wait_s: float = 0.005, max_batch_wait_s: float = 0.05):
         self.generation = generation
         self.pad_token_id = pad_token_id
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
+        self.max_batch_wait_s = max_batch_wait_s
         self.streaming = all(hasattr(generation, m) for m in ("submit", "poll", "cancel"))
         self._queue: queue.Queue[_Request] = queue.Queue(maxsize=max_queue)
         self._open = threading.Event()
@@ -174,10 +176,14 @@ class GenerationEngine:
             batch.append(self._queue.get(timeout=0.05) if block else self._queue.get_nowait())
         except queue.Empty:
             return batch
-        wait_until = time.monotonic() + (self.batch_wait_s if not self.streaming else 0.0)
+        # A sliding window: while requests keep arriving within batch_wait_s of each other the batch
+        # grows, up to max_batch_wait_s after the first (agents' requests trickle in over milliseconds).
+        gap = self.batch_wait_s if not self.streaming else 0.0
+        start = time.monotonic()
         while len(batch) < self.max_batch:
+            now = time.monotonic()
             try:
-                batch.append(self._queue.get(timeout=max(0.0, wait_until - time.monotonic())))
+                batch.append(self._queue.get(timeout=max(0.0, min(now + gap, start + self.max_batch_wait_s) - now)))
             except queue.Empty:
                 break
         now = time.monotonic()
