@@ -82,6 +82,7 @@ def grpoctl(tmp_path: Path, *overrides: str, timeout: float = 300):
                        *overrides, cwd=tmp_path, timeout=timeout, PYTHONPATH=str(REPO))
 
 
+@pytest.mark.slow
 def test_the_openai_client_agent_trains_on_exactly_the_tokens_it_sampled(tmp_path):
     import subprocess
     import sys
@@ -116,6 +117,7 @@ def test_a_crashing_agent_stops_the_run_naming_the_rollout(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_stuck_agent_times_out_instead_of_hanging(tmp_path):
     start = time.monotonic()
     result = grpoctl(tmp_path, "env.agent.agent=agents_for_test:slow", "env.agent.timeout_s=3",
@@ -257,6 +259,7 @@ def test_async_grpo_with_agents_records_each_turns_weight_version(tmp_path):
     assert versions[0] == 0 and versions[-1] >= 2 and versions == sorted(versions)
 
 
+@pytest.mark.slow
 def test_agents_on_the_ray_runtime(tmp_path):
     """On Ray the policy and generation are actors; the agent environment is not (its agents reach
     the policy over HTTP, at the endpoint served where rollouts are collected)."""
