@@ -24,8 +24,10 @@ W3  ``torch.cuda.current_device``. Used at ~175 call sites, e.g. the global memo
 
 W4  Hard-coded ``device="cuda"`` / ``.cuda()`` (78 lines in 33 files), e.g. pipeline_parallel/
     schedules.py:596 ``torch.zeros([], dtype=torch.int, device="cuda")``, optimizer/optimizer.py:907
-    ``torch.tensor([1.0], dtype=torch.float, device='cuda')``, and mbridge's ``get_model``
-    (``model_module.cuda(torch.cuda.current_device())``). Fix: a ``TorchFunctionMode`` that rewrites
+    ``torch.tensor([1.0], dtype=torch.float, device='cuda')``, the causal mask on the forward path
+    (transformer/utils.py:35 ``torch.ones(sq, sq, device="cuda")``, reached from
+    fusions/fused_softmax.py:327 when ``attention_mask=None``), and mbridge 0.15.1's ``get_model``
+    (mbridge/core/util.py:151 ``model_module.cuda(torch.cuda.current_device())``). Fix: a ``TorchFunctionMode`` that rewrites
     a ``device=`` keyword that is an int or starts with "cuda" to "cpu", and ``torch.Tensor.cuda`` as
     the identity (``nn.Module.cuda`` goes through it). Still needed with it: ``OptimizerConfig(
     clip_grad=0.0)``, since optimizer/clip_grads.py:167 asserts ``param.grad.type() ==
