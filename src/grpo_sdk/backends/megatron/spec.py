@@ -1,0 +1,109 @@
+"""Entry-point target of the megatron backend (light: no torch, megatron or mbridge import here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grpo_sdk.plugins import ComponentSpec
+
+POLICY = ComponentSpec(
+    name="megatron",
+    kind="policy",
+    impl="grpo_sdk.backends.megatron.policy:MegatronPolicy",
+    config="grpo_sdk.backends.megatron.config:MegatronPolicyConfig",
+    check="grpo_sdk.backends.megatron.spec:check_megatron",
+    requires=("torch", "transformers", "megatron-core>=0.16.1", "mbridge>=0.15.1"),
+    extra="megatron",
+    summary="Megatron-Core GPTModel built from a Hugging Face model through mbridge: TP/PP/CP/EP parallelism "
+            "(in progress, issue 18).",
+)
+
+# The causal-LM architectures (config.json model_type) mbridge 0.15.1 registers a bridge for:
+# mbridge/models/{llama,qwen2,qwen3,mixtral,qwen2moe,qwen3moe,deepseek_v3}.py, each `@register_model("...")`
+# (line 6-18 of each file). mbridge also registers glm4_moe, mimo, gemma3 and vision-language models
+# (qwen2_5_vl, glm4v, glm4v_moe, internvl_chat); this backend does not offer them yet.
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+
+
+def _on_cpu(cluster: Any) -> bool:
+    """Whether the policy runs without CUDA, known without importing torch."""
+    if cluster.device != "auto":
+        return cluster.device == "cpu"
+    if cluster.runtime == "ray":
+        return cluster.gpus_per_node == 0
+    return not Path("/dev/nvidiactl").exists()  # auto picks cuda only where an NVIDIA driver is loaded
+
+
+def _model_shape(model_name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(where, config)`` with model_type, heads and layers of a model known without torch; None for a
+    hub name (its config.json is not here until the run downloads it)."""
+    from grpo_sdk.core.config_checks import model_facts
+
+    if model_name.startswith("builtin:"):
+        from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+
+        model = BUILTIN_MODELS.get(model_name.split(":", 1)[1])
+        if model is None:
+            return None
+        return f"built-in model {model_name}", {"model_type": "gpt2", "num_attention_heads": model.n_head,
+                                                "num_hidden_layers": model.n_layer}
+    return model_facts(model_name)
+
+
+def _count(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_megatron(config: Any, options: Any, registry: Any) -> list[tuple[str, str]]:
+    """Every problem of ``policy.megatron`` against the cluster and the model, each with its key path."""
+    key = "policy.megatron"
+    tp, pp, cp = (options.tensor_model_parallel_size, options.pipeline_model_parallel_size,
+                  options.context_parallel_size)
+    problems: list[tuple[str, str]] = []
+    world = config.cluster.policy_workers
+    if world % (tp * pp * cp):
+        problems.append((f"{key}.tensor_model_parallel_size",
+                         f"tensor x pipeline x context parallel sizes ({tp} x {pp} x {cp} = {tp * pp * cp}) must "
+                         f"divide the policy's world size, cluster.policy_workers ({world}): each data-parallel "
+                         "replica spans that many ranks"))
+    if options.expert_model_parallel_size > 1 and world % options.expert_model_parallel_size:
+        problems.append((f"{key}.expert_model_parallel_size",
+                         f"{options.expert_model_parallel_size} must divide cluster.policy_workers ({world})"))
+    if options.sequence_parallel and tp == 1:
+        problems.append((f"{key}.sequence_parallel",
+                         "needs tensor_model_parallel_size > 1: sequence parallelism shards activations over the "
+                         "tensor-parallel group; set policy.megatron.sequence_parallel=false or raise "
+                         "policy.megatron.tensor_model_parallel_size"))
+    if _on_cpu(config.cluster):
+        why = "needs CUDA, and this run's policy is on CPU (cluster.device)"
+        for flag in ("apply_rope_fusion", "bias_activation_fusion"):
+            if getattr(options, flag):
+                problems.append((f"{key}.{flag}", f"must be false on CPU: the fused kernel {why}"))
+        if cp > 1:
+            problems.append((f"{key}.context_parallel_size",
+                             f"must be 1 on CPU: context-parallel attention {why}"))
+    facts = _model_shape(config.policy.model_name)
+    if facts is not None:
+        where, model = facts
+        model_type = model.get("model_type")
+        if model_type not in ARCHITECTURES:
+            problems.append(("policy.model_name",
+                             f"{where} is model_type {model_type!r}, which the megatron backend cannot build: "
+                             f"mbridge 0.15.1 bridges {', '.join(ARCHITECTURES)}; use policy.backend=hf for it"))
+        heads = _count(model, "num_attention_heads")
+        kv_heads = _count(model, "num_key_value_heads") or heads
+        layers = _count(model, "num_hidden_layers")
+        for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+            if count is not None and count % tp:
+                problems.append((f"{key}.tensor_model_parallel_size",
+                                 f"{tp} must divide the model's {name} ({count}, {where}): tensor parallelism "
+                                 "splits the heads evenly over the ranks"))
+        if layers is not None and layers % pp:
+            problems.append((f"{key}.pipeline_model_parallel_size",
+                             f"{pp} must divide the model's num_hidden_layers ({layers}, {where}): each pipeline "
+                             "stage holds an equal share of the layers"))
+    # Not checked yet: policy.generation.backend=megatron needs policy.backend=megatron (colocated
+    # generation runs on the training model); there is no megatron generation component yet.
+    return problems
