@@ -1,0 +1,337 @@
+"""megatron policy: a Megatron-Core ``GPTModel`` built from a Hugging Face model directory by mbridge.
+
+This slice covers world size 1 with TP = PP = 1 and mirrors ``grpo_sdk.backends.hf.policy`` step for
+step: the same logprobs (temperature / top-k / top-p as the sampler applies them), a frozen reference
+copy only when the run needs one, ``train`` over global batches of micro-batches with the shared
+``LossFunction`` call and the same global token / sequence normalisation, gradient clipping with
+``policy.max_grad_norm``, the same LR schedule, and weights exported in Hugging Face names through the
+bridge.
+
+Optimizer: torch's AdamW over the mcore model's parameters (as the hf policy). Megatron's own
+optimizer (``get_megatron_optimizer``) is the plan for the distributed slice; on CPU it needs
+``OptimizerConfig(clip_grad=0.0)`` since megatron/core/optimizer/clip_grads.py:167 asserts
+``torch.cuda.FloatTensor`` gradients, and clipping would then be done here.
+
+On a machine without CUDA the test-only CPU shims (``cpu_shims``) are applied and the model is built
+with Megatron-Core's local (non-Transformer-Engine) layer spec.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
+from grpo_sdk.backends.hf.policy import lr_lambda
+from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
+from grpo_sdk.plugins.tensors import process_logits, token_logprobs
+from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
+
+CHECKPOINT_FILE = "megatron_policy.pt"
+
+
+def _size(config: Any, name: str, default: Any) -> Any:
+    return default if config is None else getattr(config, name, default)
+
+
+def transformers5_compat(bridge) -> None:
+    """mbridge 0.15.1 reads ``hf_config.rope_theta`` (mbridge/models/llama.py, qwen2.py
+    ``_get_gptmodel_args``); transformers 5 keeps it in ``hf_config.rope_parameters["rope_theta"]``
+    and the config object has no ``rope_theta`` attribute (AttributeError)."""
+    cfg = bridge.hf_config
+    if not hasattr(cfg, "rope_theta"):
+        params = getattr(cfg, "rope_parameters", None) or {}
+        if "rope_theta" in params:
+            cfg.rope_theta = params["rope_theta"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel_state(config: Any, context: RunContext) -> None:
+    """A process group (gloo on CPU) when none exists, then Megatron's model-parallel state."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        if context.world_size != 1:
+            raise RuntimeError("the megatron policy with world_size > 1 needs the runtime's process group "
+                               "(not built yet in this slice)")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", world_size=1, rank=0)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            _size(config, "tensor_model_parallel_size", 1), _size(config, "pipeline_model_parallel_size", 1),
+            context_parallel_size=_size(config, "context_parallel_size", 1),
+            expert_model_parallel_size=_size(config, "expert_model_parallel_size", 1))
+
+
+def vocab_parallel_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float,
+                                  top_k: int | None = None, top_p: float = 1.0,
+                                  vocab_size: int | None = None) -> torch.Tensor:
+    """Logprobs ``[..]`` of ``targets`` from ``logits[.., V/TP]``, this rank's vocab shard (design §2d).
+
+    Temperature is applied to the shard first. With TP = 1 this is exactly the hf policy's computation
+    (``process_logits`` + ``token_logprobs``, top-k/top-p included); with TP > 1 it is Megatron-Core's
+    differentiable ``vocab_parallel_cross_entropy`` (all-reduces over the TP group, no vocab gather),
+    which does not filter: top-k/top-p over vocab shards is not built yet. ``vocab_size`` (the
+    tokenizer's) drops Megatron's padded vocab columns when the whole vocab is local.
+    """
+    from megatron.core import parallel_state
+
+    scaled = logits.float() / temperature
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        if vocab_size is not None and scaled.shape[-1] > vocab_size:
+            scaled = scaled[..., :vocab_size]
+        return token_logprobs(process_logits(scaled, 1.0, top_k, top_p), targets)
+    if top_k or top_p < 1.0:
+        raise NotImplementedError("top-k/top-p logprobs over tensor-parallel vocab shards are not built yet")
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # It subtracts the max from its input in place: ``scaled`` is already a copy. Padded vocab columns
+    # (past ``vocab_size``) would still need masking to -inf here.
+    return -vocab_parallel_cross_entropy(scaled, targets)
+
+
+def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Megatron's boolean ``[B, 1, S, S]`` attention mask (True = masked): causal and key padding."""
+    seq = attention_mask.shape[1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=attention_mask.device).triu(1)
+    return (causal[None] | (attention_mask[:, None, :] == 0))[:, None]
+
+
+class MegatronPolicy:
+    def __init__(self, config: Any, context: RunContext):
+        cfg = context.config
+        self.config = config
+        self.policy_cfg = cfg.policy
+        self.device = torch.device(context.device)
+        self.rank = context.rank
+        tp = _size(config, "tensor_model_parallel_size", 1)
+        pp = _size(config, "pipeline_model_parallel_size", 1)
+        if context.world_size != 1 or tp != 1 or pp != 1:
+            raise NotImplementedError("this megatron policy slice runs world_size 1 with TP = PP = 1")
+        self.cpu = not torch.cuda.is_available()
+        if self.cpu:
+            from grpo_sdk.backends.megatron import cpu_shims
+
+            # Process-wide and left applied: other policies of this process share them.
+            cpu_shims.apply()
+        init_parallel_state(config, context)
+
+        from mbridge import AutoBridge
+
+        dtype = DTYPES[cfg.policy.precision]
+        self.model_path = context.model_path
+        self.bridge = AutoBridge.from_pretrained(context.model_path, dtype=dtype)
+        transformers5_compat(self.bridge)
+        if self.cpu:
+            from grpo_sdk.backends.megatron import cpu_shims
+
+            cpu_shims.use_local_layer_spec(self.bridge)
+        self.vocab_size = self.bridge.hf_config.vocab_size
+        self.models = self._build()
+        (self.model,) = self.models
+        self.reference = None
+        if context.needs_reference:
+            # A second build from the same weights (an mcore model holds process groups and does
+            # not deepcopy).
+            (self.reference,) = self._build()
+            self.reference.requires_grad_(False)
+
+        gen = cfg.policy.generation
+        self.sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
+        filtered = bool(gen.top_k) or gen.top_p < 1.0
+        self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
+        opt = cfg.policy.optimizer
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                           weight_decay=opt.weight_decay, fused=True)
+        rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+        steps_per_grpo_step = rows // (cfg.policy.train_global_batch_size or rows)
+        sched = cfg.policy.scheduler
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(
+            s, warmup_steps=sched.warmup_steps, total_steps=cfg.grpo.max_num_steps * steps_per_grpo_step,
+            schedule=sched.name, min_lr_ratio=sched.min_lr_ratio))
+        self.optimizer_steps = 0
+        self.save_optimizer = cfg.checkpointing.save_optimizer
+
+    def _build(self) -> list:
+        precision = self.policy_cfg.precision
+        models = self.bridge.get_model(bf16=precision == "bfloat16", fp16=precision == "float16",
+                                       use_cpu_initialization=self.cpu, wrap_with_ddp=False)
+        self.bridge.load_weights(models, self.model_path)
+        for model in models:
+            # No dropout: the sampler's, the old policy's and the training logprobs agree (as hf).
+            model.to(self.device).eval()
+        return models
+
+    # --- logprobs -------------------------------------------------------------------------------
+
+    def _sequence_logprobs(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           with_unfiltered: bool = False):
+        """Input-aligned ``[B, S]`` float32 logprobs (column 0 and padding are 0), as hf's.
+
+        Megatron-Core's GPTModel computes RoPE from the sequence length and ignores ``position_ids``
+        (they only feed learned absolute embeddings), so a left-padded row would see shifted
+        positions. Each row is therefore rolled left by its leading padding (its tokens then sit at
+        positions 0.., as ``position_ids_for`` gives the hf model) and the logprobs rolled back. This
+        assumes each row's tokens are one contiguous block (left-padded prompt + right-padded
+        response, as the loop builds them). The first token of a row has no context: its logprob is 0.
+        """
+        seq = input_ids.shape[1]
+        lead = (attention_mask.cumsum(-1) == 0).sum(-1)  # leading padding per row
+        cols = torch.arange(seq, device=input_ids.device)
+        rolled_index = (cols[None] + lead[:, None]) % seq
+        ids = input_ids.gather(1, rolled_index)
+        mask = attention_mask.gather(1, rolled_index)
+        logits = model(input_ids=ids, position_ids=position_ids_for(mask),
+                       attention_mask=causal_padding_mask(mask))
+        logits, targets = logits[:, :-1], ids[:, 1:]
+        keep = mask[:, 1:].bool() & mask[:, :-1].bool()
+        back_index = (cols[None] - lead[:, None]) % seq
+
+        def aligned(**sampling):
+            lp = vocab_parallel_token_logprobs(logits, targets, vocab_size=self.vocab_size, **sampling)
+            lp = torch.nn.functional.pad(torch.where(keep, lp, torch.zeros_like(lp)), (1, 0))
+            return lp.gather(1, back_index)
+
+        logprobs = aligned(**self.sampling)
+        if not with_unfiltered:
+            return logprobs
+        return logprobs, aligned(temperature=self.sampling["temperature"])
+
+    @torch.no_grad()
+    def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
+        size = self.policy_cfg.logprob_batch_size
+        chunks = [self._sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
+                                          batch.attention_mask[i:i + size].to(self.device))
+                  for i in range(0, batch.batch_size, size)]
+        return torch.cat(chunks).cpu()
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        return self._logprobs(self.model, batch)
+
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.reference is None:
+            raise RuntimeError("reference_logprobs needs loss_fn.reference_policy_kl_penalty > 0")
+        return self._logprobs(self.reference, batch)
+
+    # --- training -------------------------------------------------------------------------------
+
+    def train(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
+        rows = batch.batch_size
+        global_rows = self.policy_cfg.train_global_batch_size or rows
+        micro_rows = self.policy_cfg.train_micro_batch_size
+        step_metrics = []
+        for start in range(0, rows, global_rows):
+            global_batch = batch.rows(start, start + global_rows)
+            token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
+            valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
+            self.optimizer.zero_grad(set_to_none=True)
+            micro_metrics, failure = [], None
+            for micro_start in range(0, global_batch.batch_size, micro_rows):
+                micro = global_batch.rows(micro_start, micro_start + micro_rows).to(self.device)
+                extra = {}
+                logprobs = self._sequence_logprobs(self.model, micro.input_ids, micro.attention_mask,
+                                                   with_unfiltered=self.kl_needs_unfiltered)
+                if self.kl_needs_unfiltered:
+                    logprobs, extra["unfiltered_logprobs"] = logprobs
+                loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
+                                        **extra)
+                if failure is None and not torch.isfinite(loss):
+                    rows_seen = start + micro_start
+                    failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
+                               f"rows {rows_seen}..{rows_seen + micro.batch_size - 1}")
+                loss.backward()
+                micro_metrics.append(metrics)
+            metrics = sum_micro_batches(micro_metrics)
+            if failure is not None:
+                raise NonFiniteError(failure)
+            if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
+                factor, (metrics,) = loss_fn.survivor_normalization(
+                    [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
+                for param in self.params:
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
+            grad_norm = self._clip_and_check_gradients()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer_steps += 1
+            step_metrics.append({**metrics, "grad_norm": grad_norm})
+        return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
+
+    def _clip_and_check_gradients(self) -> float:
+        max_norm = self.policy_cfg.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
+        if not torch.isfinite(norm):
+            bad = next((name for name, p in self.model.named_parameters()
+                        if p.grad is not None and not torch.isfinite(p.grad).all()), "?")
+            raise NonFiniteError(f"gradient norm is {norm.item()} in optimizer step {self.optimizer_steps + 1} "
+                                 f"(first non-finite gradient: {bad})")
+        return float(norm)
+
+    # --- weights and state ----------------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Whole tensors in Hugging Face names (mbridge's export: fused QKV / gate-up split back)."""
+        yield from self.bridge.export_weights(self.models)
+
+    def save_checkpoint(self, path: str) -> None:
+        """``megatron_policy.pt`` in ``path``: the mcore model's state dict, optimizer, LR schedule, RNG.
+
+        A torch checkpoint of this single process (TP = PP = 1); Megatron's distributed checkpoint
+        format is for the multi-rank slice.
+        """
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {"model": {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)},
+                 "optimizer_steps": self.optimizer_steps, "rng": _rng_state()}
+        if self.save_optimizer:
+            state["optimizer"] = self.optimizer.state_dict()
+            state["scheduler"] = self.scheduler.state_dict()
+        torch.save(state, directory / CHECKPOINT_FILE)
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(Path(path) / CHECKPOINT_FILE, map_location=self.device, weights_only=True)
+        missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
+                               f"unexpected {sorted(unexpected)}")
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer_steps = state["optimizer_steps"]
+        _set_rng_state(state["rng"])
+
+    def offload(self) -> None:
+        self.model.to("cpu")
+
+    def onload(self) -> None:
+        self.model.to(self.device)
+
+    def shutdown(self) -> None:
+        self.models = self.model = self.reference = None
+        self.optimizer = None
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
