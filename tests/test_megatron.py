@@ -257,6 +257,22 @@ def test_policy_train_step_equals_hf_policy(policy_world, llama_dir, registry):
     worst = max((exported[n] - t).abs().max().item() for n, t in hf_state.items())
     print(f"loss diff {abs(hf_metrics['loss'] - mc_metrics['loss']):.3e}; max weight diff after the step {worst:.3e}")
     assert worst <= 1e-6, worst
+    # Full activation recompute (policy.megatron.activation_checkpointing) changes nothing numerically.
+    from grpo_sdk.backends.megatron.config import MegatronPolicyConfig
+
+    if not torch.cuda.is_available():
+        # Megatron's CheckpointFunction saves the CUDA RNG state; no CPU shim covers it yet.
+        with pytest.raises(NotImplementedError, match="activation_checkpointing needs CUDA"):
+            MegatronPolicy(MegatronPolicyConfig(activation_checkpointing=True), context)
+    else:
+        recompute = MegatronPolicy(MegatronPolicyConfig(activation_checkpointing=True), context)
+        assert recompute.model.config.recompute_granularity == "full"
+        batch_again = _batch()
+        batch_again.reference_logprobs = batch.reference_logprobs
+        re_metrics = recompute.train(batch_again, loss)
+        assert abs(re_metrics["loss"] - mc_metrics["loss"]) <= TOL
+        for name, t in recompute.named_weights():
+            assert (t - exported[name]).abs().max().item() <= 1e-6, name
     # The reference did not move with the policy.
     mask = batch.token_mask.bool()
     torch.testing.assert_close(mc.reference_logprobs(batch)[mask], hf.reference_logprobs(batch)[mask], atol=TOL, rtol=0)
@@ -269,15 +285,17 @@ def test_policy_checkpoint_round_trip(policy_world, llama_dir, registry, tmp_pat
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.backends.megatron.policy import MegatronPolicy
 
+    from grpo_sdk.backends.megatron.config import MegatronPolicyConfig
+
     context = _context(llama_dir, registry)
     loss = ClippedPGLoss(context.config.loss_fn)
-    policy = MegatronPolicy(None, context)
+    policy = MegatronPolicy(MegatronPolicyConfig(), context)
     policy.train(_batch(seed=1), loss)
     policy.save_checkpoint(str(tmp_path / "ckpt"))
     expected = policy.train(_batch(seed=2), loss)
     expected_weights = dict(policy.named_weights())
 
-    fresh = MegatronPolicy(None, context)
+    fresh = MegatronPolicy(MegatronPolicyConfig(), context)
     fresh.load_checkpoint(str(tmp_path / "ckpt"))
     assert fresh.optimizer_steps == 1
     got = fresh.train(_batch(seed=2), loss)

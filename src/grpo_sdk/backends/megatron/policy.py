@@ -138,6 +138,7 @@ class MegatronPolicy:
 
             cpu_shims.use_local_layer_spec(self.bridge)
         self.vocab_size = self.bridge.hf_config.vocab_size
+        self._apply_model_options()
         self.models = self._build()
         (self.model,) = self.models
         self.reference = None
@@ -163,6 +164,30 @@ class MegatronPolicy:
             schedule=sched.name, min_lr_ratio=sched.min_lr_ratio))
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
+
+    def _apply_model_options(self) -> None:
+        """``policy.megatron`` keys that shape the mcore TransformerConfig mbridge builds from.
+
+        ``use_distributed_optimizer`` is a no-op with one rank (torch AdamW here); ``checkpoint_format``
+        has only "torch"; ``sequence_parallel`` needs TP > 1, which this slice rejects.
+        """
+        tconfig = self.bridge.config
+        # No dropout, as the hf policy (eval mode): the sampler's, the old policy's and the training
+        # logprobs agree for identical weights.
+        tconfig.hidden_dropout = tconfig.attention_dropout = 0.0
+        tconfig.apply_rope_fusion = bool(_size(self.config, "apply_rope_fusion", False))
+        tconfig.bias_activation_fusion = bool(_size(self.config, "bias_activation_fusion", False))
+        if _size(self.config, "activation_checkpointing", False):
+            if self.cpu:
+                # megatron/core/tensor_parallel/random.py CheckpointFunction.forward -> _get_all_rng_states ->
+                # the CUDA RNG state (AssertionError "Torch not compiled with CUDA enabled");
+                # the CPU shims do not cover it yet.
+                raise NotImplementedError("policy.megatron.activation_checkpointing needs CUDA: megatron's "
+                                          "CheckpointFunction saves the CUDA RNG state (no CPU shim yet)")
+            # Full recompute of every layer in backward (megatron's recompute_granularity="full").
+            tconfig.recompute_granularity = "full"
+            tconfig.recompute_method = "uniform"
+            tconfig.recompute_num_layers = 1
 
     def _build(self) -> list:
         precision = self.policy_cfg.precision
@@ -232,6 +257,15 @@ class MegatronPolicy:
         global_rows = self.policy_cfg.train_global_batch_size or rows
         micro_rows = self.policy_cfg.train_micro_batch_size
         step_metrics = []
+        # Training mode only for megatron's activation recompute, which runs only when training;
+        # dropout is 0 (from the HF config), so the logprobs are those of eval mode.
+        self.model.train()
+        try:
+            return self._train(batch, loss_fn, rows, global_rows, micro_rows, step_metrics)
+        finally:
+            self.model.eval()
+
+    def _train(self, batch, loss_fn, rows, global_rows, micro_rows, step_metrics) -> dict[str, float]:
         for start in range(0, rows, global_rows):
             global_batch = batch.rows(start, start + global_rows)
             token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
