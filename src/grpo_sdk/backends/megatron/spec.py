@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,19 @@ def _on_cpu(cluster: Any) -> bool:
 
 def _model_shape(model_name: str) -> tuple[str, dict[str, Any]] | None:
     """``(where, config)`` with model_type, heads and layers of a model known without torch; None for a
-    hub name (its config.json is not here until the run downloads it)."""
-    from grpo_sdk.core.config_checks import model_facts
-
-    if model_name.startswith("builtin:"):
-        from grpo_sdk.core.builtin_models import BUILTIN_MODELS
-
-        model = BUILTIN_MODELS.get(model_name.split(":", 1)[1])
-        if model is None:
-            return None
-        return f"built-in model {model_name}", {"model_type": "gpt2", "num_attention_heads": model.n_head,
-                                                "num_hidden_layers": model.n_layer}
-    return model_facts(model_name)
+    hub name (its config.json is not here until the run downloads it). Read here rather than through
+    grpo-sdk's own model checks: a built-in component imports only the public plugin API."""
+    if model_name.startswith("builtin:"):  # the built-in models are GPT-2s, which mbridge does not convert
+        return f"built-in model {model_name}", {"model_type": "gpt2"}
+    path = Path(model_name).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError, RecursionError):  # unreadable: loading the model reports it properly
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")  # multimodal models keep the language model's numbers here
+    return str(path), ({**data, **text} if isinstance(text, dict) else data)
 
 
 def _count(config: dict[str, Any], key: str) -> int | None:
