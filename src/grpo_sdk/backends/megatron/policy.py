@@ -19,17 +19,16 @@ with Megatron-Core's local (non-Transformer-Engine) layer spec.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
-from grpo_sdk.backends.hf.policy import lr_lambda
+from grpo_sdk.backends.hf.policy import make_optimizer
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.tensors import process_logits, token_logprobs
-from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
+from grpo_sdk.plugins.toolkit import average_optimizer_steps, free_port, sum_micro_batches
 
 CHECKPOINT_FILE = "megatron_policy.pt"
 
@@ -49,12 +48,6 @@ def transformers5_compat(bridge) -> None:
             cfg.rope_theta = params["rope_theta"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_parallel_state(config: Any, context: RunContext) -> None:
     """A process group (gloo on CPU) when none exists, then Megatron's model-parallel state."""
     import torch.distributed as dist
@@ -65,7 +58,7 @@ def init_parallel_state(config: Any, context: RunContext) -> None:
             raise RuntimeError("the megatron policy with world_size > 1 needs the runtime's process group "
                                "(not built yet in this slice)")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", world_size=1, rank=0)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
@@ -152,16 +145,8 @@ class MegatronPolicy:
         self.sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
         filtered = bool(gen.top_k) or gen.top_p < 1.0
         self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
-        opt = cfg.policy.optimizer
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                           weight_decay=opt.weight_decay, fused=True)
-        rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-        steps_per_grpo_step = rows // (cfg.policy.train_global_batch_size or rows)
-        sched = cfg.policy.scheduler
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_lambda(
-            s, warmup_steps=sched.warmup_steps, total_steps=cfg.grpo.max_num_steps * steps_per_grpo_step,
-            schedule=sched.name, min_lr_ratio=sched.min_lr_ratio))
+        self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
 

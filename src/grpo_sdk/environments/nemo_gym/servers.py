@@ -15,7 +15,6 @@ import atexit
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import attrs
 
 from grpo_sdk.plugins import GrpoSdkError
+from grpo_sdk.plugins.toolkit import free_port
 
 APPS = Path(__file__).resolve().parent / "gym_apps"
 MODEL, RESOURCES, AGENT = "grpo_policy_model", "grpo_resources", "grpo_agent"  # the config dict's top-level keys
@@ -45,12 +45,6 @@ class ServerSpec:
     app: str  # what launch.py starts: a path to an app.py, or a NeMo-Gym package holding one
     role: str  # for messages: "model server", "resources server", "agent server"
     fields: dict[str, Any] = attrs.field(factory=dict)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def resources_spec(resources: str, extra: dict[str, Any]) -> ServerSpec:
@@ -91,7 +85,7 @@ def model_spec(base_url: str, api_key: str, model: str, extra: dict[str, Any]) -
 
 def config_dict(specs: list[ServerSpec], ports: dict[str, int], host: str = "127.0.0.1") -> dict[str, Any]:
     """The global config every server reads (``NEMO_GYM_CONFIG_DICT``)."""
-    config: dict[str, Any] = {"head_server": {"host": host, "port": free_port(host)},  # read, never contacted
+    config: dict[str, Any] = {"head_server": {"host": host, "port": free_port()},  # read, never contacted
                               "dry_run": False}
     for spec in specs:
         block = {"entrypoint": "app.py", "host": host, "port": ports[spec.key], **spec.fields}
@@ -141,7 +135,7 @@ class GymServers:
             if self.procs:
                 return
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self.ports = {s.key: free_port(self.host) for s in self.specs}
+            self.ports = {s.key: free_port() for s in self.specs}
             config = json.dumps(config_dict(self.specs, self.ports, self.host))
             env = {**os.environ, "NEMO_GYM_CONFIG_DICT": config, "GRPO_SDK_PARENT_PID": str(os.getpid()),
                    "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "RAY_DISABLE_IMPORT_WARNING": "1"}
