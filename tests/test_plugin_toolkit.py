@@ -17,7 +17,7 @@ from grpo_sdk.plugins import tensors, toolkit, tools
 TOOLKIT_NAMES = [
     "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps", "background_event_loop",
     "check_model_source", "dump_config", "free_port", "fsync_dir", "import_module_here_too", "load_pretrained",
-    "load_tokenizer", "node_ip", "non_negative", "pick_device", "positive", "store_address_op", "sum_micro_batches",
+    "load_tokenizer", "model_facts", "node_ip", "non_negative", "pick_device", "positive", "store_address_op", "sum_micro_batches",
     "tcp_store", "write_text_atomic",
 ]
 TENSORS_NAMES = [

@@ -12,7 +12,8 @@ neither torch nor transformers nor ray; the functions that need them import them
   type of ``RunContext.config``) and ``dump_config`` (a config as plain YAML-ready data).
 * Models: ``check_model_source`` (a missing local path is an error naming the key, before
   transformers guesses a hub id), ``load_pretrained`` (a ``from_pretrained`` call that fails
-  within seconds, with a hint, when a hub id meets an unreachable hub and an empty cache) and
+  within seconds, with a hint, when a hub id meets an unreachable hub and an empty cache),
+  ``model_facts`` (a local model's config.json, read without torch, for config checks) and
   ``load_tokenizer`` (a Hugging Face tokenizer, pad token defaulting to EOS; imports transformers
   when called). A component that only needs the EOS and
   pad ids reads ``RunContext.eos_token_id`` / ``pad_token_id`` instead.
@@ -44,6 +45,7 @@ import threading
 from typing import Any
 
 from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
+from grpo_sdk.core.config_checks import model_facts
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
@@ -97,6 +99,7 @@ __all__ = [
     "import_module_here_too",
     "load_pretrained",
     "load_tokenizer",
+    "model_facts",
     "node_ip",
     "non_negative",
     "pick_device",

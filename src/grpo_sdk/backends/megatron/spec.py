@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from grpo_sdk.plugins import ComponentSpec
+from grpo_sdk.plugins.toolkit import model_facts
 
 POLICY = ComponentSpec(
     name="megatron",
@@ -38,19 +38,10 @@ def _on_cpu(cluster: Any) -> bool:
 
 def _model_shape(model_name: str) -> tuple[str, dict[str, Any]] | None:
     """``(where, config)`` with model_type, heads and layers of a model known without torch; None for a
-    hub name (its config.json is not here until the run downloads it). Read here rather than through
-    grpo-sdk's own model checks: a built-in component imports only the public plugin API."""
+    hub name (its config.json is not here until the run downloads it)."""
     if model_name.startswith("builtin:"):  # the built-in models are GPT-2s, which mbridge does not convert
         return f"built-in model {model_name}", {"model_type": "gpt2"}
-    path = Path(model_name).expanduser() / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, ValueError, RecursionError):  # unreadable: loading the model reports it properly
-        return None
-    if not isinstance(data, dict):
-        return None
-    text = data.get("text_config")  # multimodal models keep the language model's numbers here
-    return str(path), ({**data, **text} if isinstance(text, dict) else data)
+    return model_facts(model_name)
 
 
 def _count(config: dict[str, Any], key: str) -> int | None:
