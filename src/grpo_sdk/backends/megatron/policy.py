@@ -26,6 +26,7 @@ import torch
 
 from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
 from grpo_sdk.backends.hf.policy import make_optimizer
+from grpo_sdk.backends.megatron.hf_semantics import freeze_padding_row
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.tensors import process_logits, token_logprobs
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, free_port, sum_micro_batches
@@ -145,6 +146,7 @@ class MegatronPolicy:
         self.sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p}
         filtered = bool(gen.top_k) or gen.top_p < 1.0
         self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
+        freeze_padding_row(self.model, self.bridge.hf_config.pad_token_id)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
