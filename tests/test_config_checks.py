@@ -115,7 +115,7 @@ def test_a_dataset_environment_without_validation_data_names_the_switches_that_a
     (["policy.generation.stop_token_ids=[2, 25, 99]"], "policy.generation.stop_token_ids",
      "[25, 99] are not below vocab_size = 25 of built-in model builtin:tiny-gpt2"),
     (["policy.max_total_sequence_length=65"], "policy.max_total_sequence_length", "gives n_positions = 64"),
-    (["policy.model_name=builtin:tiny-llama"], "policy.model_name", "unknown built-in model 'builtin:tiny-llama'"),
+    (["policy.model_name=builtin:tiny-mistral"], "policy.model_name", "unknown built-in model 'builtin:tiny-mistral'"),
     (["policy.optimizer.betas=[0.9, 1.0]"], "policy.optimizer.betas", "each beta must be in [0, 1)"),
     (["policy.max_grad_norm=0"], "policy.max_grad_norm", "must be > 0"),
     (["cluster.num_threads=0"], "cluster.num_threads", "must be > 0"),

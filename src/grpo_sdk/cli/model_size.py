@@ -39,9 +39,7 @@ def model_size(name: str) -> ModelSize:
         facts = BUILTIN_MODELS.get(name.removeprefix("builtin:"))
         if facts is None:
             return ModelSize(params=None, how=f"{name} is not a built-in model")
-        config = {"model_type": "gpt2", "vocab_size": facts.vocab_size, "n_positions": facts.n_positions,
-                  "n_embd": facts.n_embd, "n_layer": facts.n_layer, "n_head": facts.n_head}
-        return ModelSize(params=architecture_parameters(config), how=f"the shape {name} is built with",
+        return ModelSize(params=architecture_parameters(facts.config_json()), how=f"the shape {name} is built with",
                          vocab_size=facts.vocab_size)
     path = Path(name).expanduser()
     if not path.is_dir():

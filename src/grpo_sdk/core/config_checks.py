@@ -78,7 +78,7 @@ def model_facts(model_name: str) -> tuple[str, dict[str, Any]] | None:
         model = BUILTIN_MODELS.get(model_name.split(":", 1)[1])
         if model is None:
             return None
-        return f"built-in model {model_name}", {"n_positions": model.n_positions, "vocab_size": model.vocab_size}
+        return f"built-in model {model_name}", model.config_json()
     path = Path(model_name).expanduser() / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

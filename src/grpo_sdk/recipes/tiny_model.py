@@ -64,4 +64,25 @@ def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = _TINY.n_emb
     return out
 
 
-BUILDERS = {"tiny-gpt2": build_tiny_gpt2}  # one for each name of core.builtin_models.BUILTIN_MODELS
+def build_tiny_llama(out_dir: str | Path, seed: int) -> Path:
+    """Write a randomly initialised Llama (``builtin:tiny-llama``) and the character tokenizer to ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    facts = BUILTIN_MODELS["tiny-llama"]
+    tokenizer = build_char_tokenizer()
+    shape = facts.config_json()
+    del shape["model_type"]
+    config = LlamaConfig(**shape, attention_dropout=0.0, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+BUILDERS = {"tiny-gpt2": build_tiny_gpt2, "tiny-llama": build_tiny_llama}  # one for each name of core.builtin_models.BUILTIN_MODELS
