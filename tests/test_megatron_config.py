@@ -114,6 +114,12 @@ def test_unsupported_architectures_are_refused(registry, model_dir):
         "policy.model_name"]
     found = problems(registry, MegatronPolicyConfig(), "builtin:tiny-gpt2")
     assert "built-in model builtin:tiny-gpt2 is model_type 'gpt2'" in found["policy.model_name"]
+    # The built-in recipe's Llama-shaped model is built (its shape is known without building it).
+    assert problems(registry, MegatronPolicyConfig(), "builtin:tiny-llama") == {}
+    found = problems(registry, MegatronPolicyConfig(tensor_model_parallel_size=4), "builtin:tiny-llama",
+                     runtime="ray", policy_workers=4)
+    assert "num_key_value_heads (2, built-in model builtin:tiny-llama)" in found[
+        "policy.megatron.tensor_model_parallel_size"]
     for model_type in S.ARCHITECTURES:
         assert problems(registry, MegatronPolicyConfig(), model_dir(model_type=model_type)) == {}
 

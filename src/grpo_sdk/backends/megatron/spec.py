@@ -39,9 +39,7 @@ def _on_cpu(cluster: Any) -> bool:
 def _model_shape(model_name: str) -> tuple[str, dict[str, Any]] | None:
     """``(where, config)`` with model_type, heads and layers of a model known without torch; None for a
     hub name (its config.json is not here until the run downloads it)."""
-    if model_name.startswith("builtin:"):  # the built-in models are GPT-2s, which mbridge does not convert
-        return f"built-in model {model_name}", {"model_type": "gpt2"}
-    return model_facts(model_name)
+    return model_facts(model_name)  # a built-in model's too: builtin:tiny-llama is a Llama
 
 
 def _count(config: dict[str, Any], key: str) -> int | None:
