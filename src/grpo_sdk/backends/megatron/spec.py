@@ -95,6 +95,46 @@ def check_megatron(config: Any, options: Any, registry: Any) -> list[tuple[str, 
             problems.append((f"{key}.pipeline_model_parallel_size",
                              f"{pp} must divide the model's num_hidden_layers ({layers}, {where}): each pipeline "
                              "stage holds an equal share of the layers"))
-    # Not checked yet: policy.generation.backend=megatron needs policy.backend=megatron (colocated
-    # generation runs on the training model); there is no megatron generation component yet.
+    # policy.generation.backend=megatron against this policy: check_megatron_generation (the generation's).
+    return problems
+
+
+GENERATION = ComponentSpec(
+    name="megatron",
+    kind="generation",
+    impl="grpo_sdk.backends.megatron.generation:MegatronGeneration",
+    check="grpo_sdk.backends.megatron.spec:check_megatron_generation",
+    requires=("torch", "transformers", "megatron-core>=0.16.1", "mbridge>=0.15.1"),
+    extra="megatron",
+    summary="Sampling on a Megatron-Core GPTModel with Megatron-Core's KV cache; colocated in one process it "
+            "runs on the megatron policy's own weights (in progress, issue 18).",
+)
+
+
+def check_megatron_generation(config: Any, options: Any, registry: Any) -> list[tuple[str, str]]:
+    """``policy.generation.backend=megatron`` against the policy, the runtime and async GRPO."""
+    from grpo_sdk.backends.megatron.colocated import shares_policy_model
+
+    problems: list[tuple[str, str]] = []
+    gen = config.policy.generation
+    if gen.colocated.enabled and config.policy.backend != "megatron":
+        problems.append(("policy.generation.backend",
+                         f"'megatron' with policy.generation.colocated.enabled=true needs policy.backend=megatron "
+                         f"(it is {config.policy.backend!r}): colocated megatron generation runs on the megatron "
+                         "policy's own model. Set policy.backend=megatron, or policy.generation.colocated."
+                         "enabled=false (a model of its own, refit with the policy's weights in Hugging Face "
+                         "names)"))
+    if shares_policy_model(config) and config.grpo.async_grpo.enabled:
+        problems.append(("grpo.async_grpo.enabled",
+                         "must be false with colocated megatron generation (policy.generation.backend=megatron, "
+                         "colocated.enabled=true, cluster.runtime=local): it samples on the weights the policy "
+                         "trains in place, so a step taken while a response is sampled would change them "
+                         "mid-response. Set policy.generation.colocated.enabled=false for async GRPO"))
+    if config.policy.backend != "megatron":  # with the megatron policy its own check says this
+        facts = _model_shape(config.policy.model_name)
+        model_type = facts[1].get("model_type") if facts is not None else None
+        if facts is not None and model_type not in ARCHITECTURES:
+            problems.append(("policy.model_name",
+                             f"{facts[0]} is model_type {model_type!r}, which megatron generation cannot build: "
+                             f"mbridge 0.15.1 bridges {', '.join(ARCHITECTURES)}"))
     return problems
