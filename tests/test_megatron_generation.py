@@ -291,12 +291,17 @@ def test_checkpoint_restores_the_sampling_rng(world, model_dir, registry, tmp_pa
     assert torch.equal(gen.generate(prompts, params).response_ids, first.response_ids)
 
 
-def test_grpo_run_with_megatron_policy_and_generation_equals_the_hf_generation_run(tmp_path):
+def test_grpo_run_with_megatron_policy_and_generation_equals_the_hf_generation_run(tmp_path, monkeypatch):
     """`grpoctl run` of the built-in recipe (tiny-llama) with the megatron policy and the megatron
     generation, against the same run with the hf generation: the sampler's logprobs are the policy's
     (token_mult_prob_error), and with the same seed the two samplers draw the same responses."""
     from conftest import run_grpoctl
     from faults.campaign import metrics_of
+
+    # The in-process tests' gloo world set MASTER_PORT in this process's environment and still listens
+    # on it: the runs (subprocesses) must pick their own.
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
 
     recipe = ["policy.model_name=builtin:tiny-llama", "grpo.val_period=0", "grpo.val_at_end=false",
               "checkpointing.save_period=1000", "policy.backend=megatron", "grpo.max_num_steps=6"]

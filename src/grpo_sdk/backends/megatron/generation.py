@@ -38,6 +38,7 @@ bridge's name mapping, in place.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -109,6 +110,10 @@ class MegatronGeneration:
         self.weight_version = 0
         if policy is None and colocated.shares_policy_model(cfg):
             policy = colocated.lookup(context)
+            if policy is None:
+                warnings.warn("megatron generation: colocated, but no megatron policy of this run was published "
+                              "in this process (colocated.publish); it builds a model of its own, refit with "
+                              "the policy's weights in Hugging Face names", RuntimeWarning, stacklevel=2)
         self.policy = policy
         if policy is not None:
             self.bridge, self.model, self.vocab_size = policy.bridge, policy.model, policy.vocab_size
