@@ -318,3 +318,48 @@ def test_grpo_run_with_megatron_policy_and_generation_equals_the_hf_generation_r
     # Identical for all 6 steps when measured; a float flip of one sample may part them later.
     for m, h in zip(runs["megatron"][:3], runs["hf"][:3]):
         assert m["reward/mean"] == h["reward/mean"] and abs(m["loss"] - h["loss"]) <= 1e-5, (m, h)
+
+
+def test_colocated_in_a_run_the_loop_refits_without_conversion(world, tmp_path, monkeypatch):
+    """The unchanged loop (in this process, weight_sync=inprocess) with a policy that publishes itself
+    (the one call MegatronPolicy does not make yet, patched in here): the generation runs on the
+    policy's model, every refit skips the export, and the sampler's logprobs stay the policy's."""
+    from grpo_sdk import api
+    from grpo_sdk.backends.megatron import colocated, generation, policy
+
+    built, exports = [], []
+    policy_init, generation_init = policy.MegatronPolicy.__init__, generation.MegatronGeneration.__init__
+
+    def publishing_init(self, config, context):
+        policy_init(self, config, context)
+        colocated.publish(context, self)
+
+    def recording_init(self, config, context, **kw):
+        generation_init(self, config, context, **kw)
+        built.append((self.shares_policy_model, self.model is colocated.lookup(context).model))
+
+    def counted_export(self):
+        exports.append(1)
+        yield from ()
+
+    monkeypatch.setattr(policy.MegatronPolicy, "__init__", publishing_init)
+    monkeypatch.setattr(generation.MegatronGeneration, "__init__", recording_init)
+    monkeypatch.setattr(policy.MegatronPolicy, "named_weights", counted_export)
+    versions, update = [], generation.MegatronGeneration.update_weights
+
+    def recorded_update(self, weights, *, version):
+        versions.append(version)
+        update(self, weights, version=version)
+
+    monkeypatch.setattr(generation.MegatronGeneration, "update_weights", recorded_update)
+    metrics = []
+    api.Trainer(None, run_dir=tmp_path / "run", on_step=lambda step, m: metrics.append(m), overrides=[
+        "policy.model_name=builtin:tiny-llama", "grpo.val_period=0", "grpo.val_at_end=false",
+        "checkpointing.enabled=false", "policy.backend=megatron", "policy.generation.backend=megatron",
+        "grpo.max_num_steps=4"]).train()
+    assert built == [(True, True)]  # the generation ran on the policy's model (read before the run's shutdown)
+    assert versions == [1, 2, 3, 4] and exports == []  # 4 refits; none read the (lazy) export: no conversion
+    errors = [m["token_mult_prob_error"] - 1 for m in metrics]
+    print("token_mult_prob_error - 1:", [f"{e:.1e}" for e in errors], "rewards",
+          [round(m["reward/mean"], 4) for m in metrics])
+    assert len(metrics) == 4 and all(abs(e) <= 1e-3 for e in errors)
