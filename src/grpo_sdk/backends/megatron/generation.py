@@ -9,11 +9,15 @@ row, ``max_new_tokens`` and a per-call ``seed``.
 
 Why not Megatron-Core's engines (measured with megatron-core 0.16.1 on this CPU, cpu_shims applied):
 
-* ``DynamicInferenceEngine``: builds after three more shims than ``cpu_shims`` has (pinned memory,
-  ``torch.cuda.Event``, NVTX ranges), but its first step stops at megatron/core/transformer/
-  attention.py:926, ``assert HAVE_FA3 or is_fa_min_version("2.7.3")`` -> ``ModuleNotFoundError: No
-  module named 'flash_attn'``: paged-KV attention is flash-attn's CUDA kernels
-  (``flash_decode_and_prefill``, attention.py:756), so the dynamic engine cannot run without CUDA.
+* ``DynamicInferenceEngine``: the ``DynamicInferenceContext`` builds; then, one shim at a time,
+  ``TextGenerationController`` fails at text_generation_controllers/text_generation_controller.py:115
+  (``pin_memory=True``: "requires a CUDA or other accelerator backend"), the engine at
+  engines/dynamic_engine.py:256 (``torch.cuda.Event``: "Tried to instantiate dummy base class Event")
+  and its first step at dynamic_engine.py:1191 (``torch.cuda.nvtx.range_push``: "NVTX functions not
+  installed"). With those three patched too, the step stops at transformer/attention.py:926,
+  ``assert HAVE_FA3 or is_fa_min_version("2.7.3")`` -> ``ModuleNotFoundError: No module named
+  'flash_attn'``: its paged-KV attention is flash-attn's CUDA kernels (``flash_decode_and_prefill``,
+  attention.py:756), so the dynamic engine cannot run without CUDA.
 * ``StaticInferenceEngine(legacy=True)``: runs here with those extra shims and its greedy tokens equal
   a plain argmax loop's, but in 0.16.1 its logprobs are raw (``log_softmax`` of the unprocessed
   logits; design/megatron-config.md §2b), it reseeds torch's global RNG on every ``generate``
