@@ -1,16 +1,24 @@
 """megatron policy: a Megatron-Core ``GPTModel`` built from a Hugging Face model directory by mbridge.
 
-This slice covers world size 1 with TP = PP = 1 and mirrors ``grpo_sdk.backends.hf.policy`` step for
-step: the same logprobs (temperature / top-k / top-p as the sampler applies them), a frozen reference
-copy only when the run needs one, ``train`` over global batches of micro-batches with the shared
-``LossFunction`` call and the same global token / sequence normalisation, gradient clipping with
-``policy.max_grad_norm``, the same LR schedule, and weights exported in Hugging Face names through the
-bridge.
+It mirrors ``grpo_sdk.backends.hf.policy`` step for step: the same logprobs (temperature / top-k /
+top-p as the sampler applies them), a frozen reference copy only when the run needs one, ``train``
+over global batches of micro-batches with the shared ``LossFunction`` call and the same global token /
+sequence normalisation, gradient clipping with ``policy.max_grad_norm``, the same LR schedule, and
+weights exported in Hugging Face names through the bridge.
 
-Optimizer: torch's AdamW over the mcore model's parameters (as the hf policy). Megatron's own
-optimizer (``get_megatron_optimizer``) is the plan for the distributed slice; on CPU it needs
-``OptimizerConfig(clip_grad=0.0)`` since megatron/core/optimizer/clip_grads.py:167 asserts
-``torch.cuda.FloatTensor`` gradients, and clipping would then be done here.
+Parallelism (``policy.megatron``): tensor parallelism (TP) splits heads, MLP columns and the
+vocabulary; logprobs come from the vocab shards without gathering them (``parallel``). With
+``context.world_size > 1`` the runtime's process group is used: DP = world / TP replicas, each taking
+its share of every batch's rows, gradients summed over the data-parallel group. Pipeline, context and
+expert parallelism and sequence parallelism are refused with the key and the reason. As with the hf
+policy, every rank gets the same full batch in every call and calls every method (collectives), and
+results come back whole and identical on every rank.
+
+Optimizer: torch's AdamW over this rank's parameters (its TP shard); a TP-split parameter's gradient
+is complete on its rank (Megatron's column/row-parallel layers all-reduce activations' gradients),
+so only the gradient norm needs the TP group. Megatron's own optimizer (``get_megatron_optimizer``)
+would need ``OptimizerConfig(clip_grad=0.0)`` on CPU (megatron/core/optimizer/clip_grads.py:167
+asserts ``torch.cuda.FloatTensor`` gradients).
 
 On a machine without CUDA the test-only CPU shims (``cpu_shims``) are applied and the model is built
 with Megatron-Core's local (non-Transformer-Engine) layer spec.
@@ -24,14 +32,23 @@ from typing import Any, Iterator
 
 import torch
 
+from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
 from grpo_sdk.backends.hf.policy import make_optimizer
+from grpo_sdk.backends.megatron import parallel
 from grpo_sdk.backends.megatron.hf_semantics import freeze_padding_row
+from grpo_sdk.backends.megatron.parallel import vocab_parallel_token_logprobs
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
-from grpo_sdk.plugins.tensors import process_logits, token_logprobs
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, free_port, sum_micro_batches
 
 CHECKPOINT_FILE = "megatron_policy.pt"
+
+__all__ = ["MegatronPolicy", "checkpoint_file", "check_parallel_sizes", "vocab_parallel_token_logprobs"]
+
+
+def checkpoint_file(tp_rank: int, tp_size: int) -> str:
+    """``megatron_policy.pt`` with TP = 1; ``megatron_policy_tp{r}.pt`` per tensor-parallel shard."""
+    return CHECKPOINT_FILE if tp_size == 1 else f"megatron_policy_tp{tp_rank}.pt"
 
 
 def _size(config: Any, name: str, default: Any) -> Any:
@@ -49,50 +66,53 @@ def transformers5_compat(bridge) -> None:
             cfg.rope_theta = params["rope_theta"]
 
 
+def check_parallel_sizes(config: Any, world_size: int) -> tuple[int, int]:
+    """``(tp, dp)``: the parallelism this policy runs, or NotImplementedError/ValueError naming the key."""
+    key = "policy.megatron"
+    tp = _size(config, "tensor_model_parallel_size", 1)
+    refused = {
+        "pipeline_model_parallel_size": "pipeline stages exchange activations point to point and need "
+        "Megatron's forward_backward_func schedule, which this policy does not drive (it runs each "
+        "micro-batch's forward and backward itself)",
+        "context_parallel_size": "context parallelism splits every sequence over ranks, and this policy's "
+        "logprobs roll each row by its own padding and need the whole row on one rank",
+        "expert_model_parallel_size": "expert weights would need their gradients reduced over the "
+        "expert-data-parallel group, which this policy does not do (it reduces over the data-parallel group)",
+    }
+    for name, why in refused.items():
+        if _size(config, name, 1) != 1:
+            raise NotImplementedError(f"{key}.{name}={_size(config, name, 1)}: not supported by the megatron "
+                                      f"policy yet (only 1): {why}")
+    if _size(config, "sequence_parallel", False):
+        raise NotImplementedError(
+            f"{key}.sequence_parallel=true: not supported by the megatron policy yet: the norms' gradients "
+            "would need the tensor-parallel all-reduce of Megatron's finalize_model_grads, and on CPU "
+            "Megatron's local layer spec refuses it (megatron/core/transformer/torch_norm.py:32)")
+    if world_size % tp:
+        raise ValueError(f"{key}.tensor_model_parallel_size={tp} must divide the policy's world size "
+                         f"({world_size}, cluster.policy_workers)")
+    return tp, world_size // tp
+
+
 def init_parallel_state(config: Any, context: RunContext) -> None:
-    """A process group (gloo on CPU) when none exists, then Megatron's model-parallel state."""
+    """Megatron's model-parallel state over the runtime's process group (a gloo group of one is made
+    here when a single-process run has none)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    if not dist.is_initialized():
-        if context.world_size != 1:
-            raise RuntimeError("the megatron policy with world_size > 1 needs the runtime's process group "
-                               "(not built yet in this slice)")
+    if context.world_size > 1:
+        distributed.check_process_group(context.rank, context.world_size)
+    elif not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", world_size=1, rank=0)
+    tp = _size(config, "tensor_model_parallel_size", 1)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            _size(config, "tensor_model_parallel_size", 1), _size(config, "pipeline_model_parallel_size", 1),
-            context_parallel_size=_size(config, "context_parallel_size", 1),
-            expert_model_parallel_size=_size(config, "expert_model_parallel_size", 1))
-
-
-def vocab_parallel_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float,
-                                  top_k: int | None = None, top_p: float = 1.0,
-                                  vocab_size: int | None = None) -> torch.Tensor:
-    """Logprobs ``[..]`` of ``targets`` from ``logits[.., V/TP]``, this rank's vocab shard (design §2d).
-
-    Temperature is applied to the shard first. With TP = 1 this is exactly the hf policy's computation
-    (``process_logits`` + ``token_logprobs``, top-k/top-p included); with TP > 1 it is Megatron-Core's
-    differentiable ``vocab_parallel_cross_entropy`` (all-reduces over the TP group, no vocab gather),
-    which does not filter: top-k/top-p over vocab shards is not built yet. ``vocab_size`` (the
-    tokenizer's) drops Megatron's padded vocab columns when the whole vocab is local.
-    """
-    from megatron.core import parallel_state
-
-    scaled = logits.float() / temperature
-    if parallel_state.get_tensor_model_parallel_world_size() == 1:
-        if vocab_size is not None and scaled.shape[-1] > vocab_size:
-            scaled = scaled[..., :vocab_size]
-        return token_logprobs(process_logits(scaled, 1.0, top_k, top_p), targets)
-    if top_k or top_p < 1.0:
-        raise NotImplementedError("top-k/top-p logprobs over tensor-parallel vocab shards are not built yet")
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    # It subtracts the max from its input in place: ``scaled`` is already a copy. Padded vocab columns
-    # (past ``vocab_size``) would still need masking to -inf here.
-    return -vocab_parallel_cross_entropy(scaled, targets)
+        parallel_state.initialize_model_parallel(tp, 1)
+    elif parallel_state.get_tensor_model_parallel_world_size() != tp:
+        raise RuntimeError(f"Megatron's model-parallel state is already initialised with TP = "
+                           f"{parallel_state.get_tensor_model_parallel_world_size()} in this process; "
+                           f"policy.megatron.tensor_model_parallel_size is {tp}")
 
 
 def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -109,10 +129,7 @@ class MegatronPolicy:
         self.policy_cfg = cfg.policy
         self.device = torch.device(context.device)
         self.rank = context.rank
-        tp = _size(config, "tensor_model_parallel_size", 1)
-        pp = _size(config, "pipeline_model_parallel_size", 1)
-        if context.world_size != 1 or tp != 1 or pp != 1:
-            raise NotImplementedError("this megatron policy slice runs world_size 1 with TP = PP = 1")
+        self.tp, self.dp = check_parallel_sizes(config, context.world_size)
         self.cpu = not torch.cuda.is_available()
         if self.cpu:
             from grpo_sdk.backends.megatron import cpu_shims
@@ -121,11 +138,20 @@ class MegatronPolicy:
             cpu_shims.apply()
         init_parallel_state(config, context)
 
+        from megatron.core import parallel_state
         from mbridge import AutoBridge
 
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_group = parallel.dp_group() if self.dp > 1 else None
         dtype = DTYPES[cfg.policy.precision]
         self.model_path = context.model_path
-        self.bridge = AutoBridge.from_pretrained(context.model_path, dtype=dtype)
+        vocab = AutoBridge.from_pretrained(context.model_path, dtype=dtype).hf_config.vocab_size
+        # Megatron's VocabParallelEmbedding needs the vocabulary to split evenly over TP: pad it to a
+        # multiple of TP (mbridge zero-fills the extra rows on load and drops them on export); the
+        # logprobs mask those columns.
+        self.bridge = AutoBridge.from_pretrained(context.model_path, dtype=dtype,
+                                                 make_vocab_size_divisible_by=self.tp if vocab % self.tp else None)
         transformers5_compat(self.bridge)
         if self.cpu:
             from grpo_sdk.backends.megatron import cpu_shims
@@ -155,10 +181,16 @@ class MegatronPolicy:
     def _apply_model_options(self) -> None:
         """``policy.megatron`` keys that shape the mcore TransformerConfig mbridge builds from.
 
-        ``use_distributed_optimizer`` is a no-op with one rank (torch AdamW here); ``checkpoint_format``
-        has only "torch"; ``sequence_parallel`` needs TP > 1, which this slice rejects.
+        ``use_distributed_optimizer`` is a no-op with one data-parallel replica (torch AdamW here) and
+        refused with more; ``checkpoint_format`` has only "torch"; ``sequence_parallel`` is refused by
+        ``check_parallel_sizes``.
         """
+        if self.dp > 1 and _size(self.config, "use_distributed_optimizer", False):
+            raise NotImplementedError("policy.megatron.use_distributed_optimizer=true with data parallelism: not "
+                                      "built yet (each replica keeps its own torch AdamW state)")
         tconfig = self.bridge.config
+        # mbridge turns it on whenever TP > 1 (core/llm_bridge.py); this policy runs without it.
+        tconfig.sequence_parallel = False
         # No dropout, as the hf policy (eval mode): the sampler's, the old policy's and the training
         # logprobs agree for identical weights.
         tconfig.hidden_dropout = tconfig.attention_dropout = 0.0
@@ -223,11 +255,14 @@ class MegatronPolicy:
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
+        if self.dp > 1:  # this replica's equal share (its TP ranks take the same one)
+            batch = batch.rows(*parallel.dp_row_share(batch.batch_size, "policy logprobs"))
         size = self.policy_cfg.logprob_batch_size
         chunks = [self._sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
                                           batch.attention_mask[i:i + size].to(self.device))
                   for i in range(0, batch.batch_size, size)]
-        return torch.cat(chunks).cpu()
+        logprobs = torch.cat(chunks)
+        return (parallel.all_gather_rows(logprobs, self.dp_group) if self.dp > 1 else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -243,6 +278,11 @@ class MegatronPolicy:
         rows = batch.batch_size
         global_rows = self.policy_cfg.train_global_batch_size or rows
         micro_rows = self.policy_cfg.train_micro_batch_size
+        if self.dp > 1:  # every global batch is checked before the first collective: all ranks fail alike
+            parallel.dp_row_share(rows, "policy.train")
+            for start in range(0, rows, global_rows):
+                stop = min(rows, start + global_rows)
+                parallel.dp_row_share(stop - start, f"policy.train: the global batch of rows {start}..{stop - 1}")
         step_metrics = []
         # Training mode only for megatron's activation recompute, which runs only when training;
         # dropout is 0 (from the HF config), so the logprobs are those of eval mode.
@@ -255,8 +295,14 @@ class MegatronPolicy:
     def _train(self, batch, loss_fn, rows, global_rows, micro_rows, step_metrics) -> dict[str, float]:
         for start in range(0, rows, global_rows):
             global_batch = batch.rows(start, start + global_rows)
+            # Counts of the WHOLE global batch, also on a data-parallel rank: each replica's loss is
+            # then a share of the global loss, and the replicas' gradients sum to the full gradient.
             token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
             valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
+            first = 0
+            if self.dp > 1:
+                first, stop = parallel.dp_row_share(global_batch.batch_size, "policy.train")
+                global_batch = global_batch.rows(first, stop)
             self.optimizer.zero_grad(set_to_none=True)
             micro_metrics, failure = [], None
             for micro_start in range(0, global_batch.batch_size, micro_rows):
@@ -269,14 +315,21 @@ class MegatronPolicy:
                 loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
                                         **extra)
                 if failure is None and not torch.isfinite(loss):
-                    rows_seen = start + micro_start
+                    rows_seen = start + first + micro_start
                     failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
                                f"rows {rows_seen}..{rows_seen + micro.batch_size - 1}")
+                # Backward even after a failure: the other ranks' collectives wait for this rank's.
                 loss.backward()
                 micro_metrics.append(metrics)
             metrics = sum_micro_batches(micro_metrics)
-            if failure is not None:
-                raise NonFiniteError(failure)
+            failed = failure is not None
+            if self.dp > 1:  # the whole global batch's metrics and gradient, identical on every replica
+                metrics, failed = parallel.all_reduce_metrics(metrics, failed, self.dp_group, self.device)
+                if not failed:
+                    parallel.all_reduce_gradients(self.params, self.dp_group)
+            if failed:
+                raise NonFiniteError(failure or f"loss is not finite on another data-parallel rank in optimizer "
+                                                f"step {self.optimizer_steps + 1}")
             if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
                 factor, (metrics,) = loss_fn.survivor_normalization(
                     [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
@@ -292,7 +345,10 @@ class MegatronPolicy:
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
+        if self.tp > 1:  # the norm of the whole model from its TP shards, the same on every rank
+            norm = parallel.clip_grad_norm(self.params, max_norm)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
         if not torch.isfinite(norm):
             bad = next((name for name, p in self.model.named_parameters()
                         if p.grad is not None and not torch.isfinite(p.grad).all()), "?")
@@ -303,26 +359,48 @@ class MegatronPolicy:
     # --- weights and state ----------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Whole tensors in Hugging Face names (mbridge's export: fused QKV / gate-up split back)."""
+        """Whole tensors in Hugging Face names (mbridge's export: fused QKV / gate-up split back, TP
+        shards gathered over the TP group, vocab padding dropped). With TP > 1 every rank must drain it."""
         yield from self.bridge.export_weights(self.models)
 
     def save_checkpoint(self, path: str) -> None:
-        """``megatron_policy.pt`` in ``path``: the mcore model's state dict, optimizer, LR schedule, RNG.
+        """One torch file per tensor-parallel shard in ``path`` (``checkpoint_file``): that shard's mcore
+        state dict, optimizer, LR schedule, and the RNG state of the rank that writes it.
 
-        A torch checkpoint of this single process (TP = PP = 1); Megatron's distributed checkpoint
-        format is for the multi-rank slice.
+        Every rank calls it. Data-parallel replicas hold the same shard, so only data-parallel rank 0
+        of each TP group writes; every rank returns once all files are written (or raises on every
+        rank when one failed).
         """
         directory = Path(path)
-        directory.mkdir(parents=True, exist_ok=True)
-        state = {"model": {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)},
-                 "optimizer_steps": self.optimizer_steps, "rng": _rng_state()}
-        if self.save_optimizer:
-            state["optimizer"] = self.optimizer.state_dict()
-            state["scheduler"] = self.scheduler.state_dict()
-        torch.save(state, directory / CHECKPOINT_FILE)
+        error = None
+        if self.dp_rank == 0:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                state = {"model": {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)},
+                         "optimizer_steps": self.optimizer_steps, "rng": _rng_state(),
+                         "tensor_model_parallel_size": self.tp}
+                if self.save_optimizer:
+                    state["optimizer"] = self.optimizer.state_dict()
+                    state["scheduler"] = self.scheduler.state_dict()
+                torch.save(state, directory / checkpoint_file(self.tp_rank, self.tp))
+            except Exception as exc:  # shared below, so that no rank waits for a rank that failed
+                error = exc
+        if self.dp * self.tp > 1 and distributed.any_rank(error is not None, self.device):
+            raise error or RuntimeError(f"another policy rank could not write its part of the checkpoint {path}")
+        if error is not None:
+            raise error
 
     def load_checkpoint(self, path: str) -> None:
-        state = torch.load(Path(path) / CHECKPOINT_FILE, map_location=self.device, weights_only=True)
+        """Every rank reads its TP shard's file (a checkpoint saved with another TP size is refused)."""
+        file = Path(path) / checkpoint_file(self.tp_rank, self.tp)
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no checkpoint for tensor-parallel rank {self.tp_rank} of {self.tp} "
+                                    "(was it saved with another policy.megatron.tensor_model_parallel_size?)")
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        saved_tp = state.get("tensor_model_parallel_size", 1)
+        if saved_tp != self.tp:
+            raise RuntimeError(f"checkpoint {path} was saved with tensor_model_parallel_size={saved_tp}, this "
+                               f"policy runs {self.tp}")
         missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
