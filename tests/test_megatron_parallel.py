@@ -209,14 +209,15 @@ def _run(model_dir: str, out_dir: str, world: int, tp: int, with_hf: bool = Fals
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process (TP = 1, with the hf policy), TP = 2 on two ranks, DP = 2 (TP = 1) on two ranks."""
+    """One process (TP = 1, with the hf policy), TP = 2 on two ranks, DP = 2 (TP = 1) on two ranks, and
+    TP = 2 x DP = 2 on four (metrics summed over the DP group only, the grad norm over the TP group only)."""
     root = tmp_path_factory.mktemp("megatron_parallel")
     model_dir = _tiny_llama(root / "llama")
     import torch
 
     torch.save([_batch(model_dir, seed=3), _batch(model_dir, seed=4)], os.path.join(model_dir, "batches.pt"))
     out, seconds = {}, {}
-    for name, world, tp in (("single", 1, 1), ("tp2", 2, 2), ("dp2", 2, 1)):
+    for name, world, tp in (("single", 1, 1), ("tp2", 2, 2), ("dp2", 2, 1), ("tp2dp2", 4, 2)):
         started = time.perf_counter()
         out[name] = _run(model_dir, str(root / name), world, tp, with_hf=name == "single")
         seconds[name] = time.perf_counter() - started
@@ -236,7 +237,7 @@ def _logprob_diff(a, b) -> float:
     return (a[finite] - b[finite]).abs().max().item()
 
 
-@pytest.mark.parametrize("config", ["tp2", "dp2"])
+@pytest.mark.parametrize("config", ["tp2", "dp2", "tp2dp2"])
 def test_parallel_logprobs_equal_single_process(runs, config):
     single, ranks = runs["single"][0], runs[config]
     keep = runs["keep"]  # the hf policy also scores padding and each row's first token; megatron gives 0 there
@@ -251,13 +252,13 @@ def test_parallel_logprobs_equal_single_process(runs, config):
         diff = _logprob_diff(single["logprobs/top_p"], result["logprobs/top_p_from_2_candidates"])
         assert diff <= TOL, (rank, diff)
     # TP = 2 pads the odd vocabulary (127) to 128: shard 1's last column is padding, which the logprobs mask.
-    assert [r["padded_vocab"] for r in ranks] == ([128, 128] if config == "tp2" else [VOCAB, VOCAB])
+    assert [r["padded_vocab"] for r in ranks] == [128 if config.startswith("tp2") else VOCAB] * len(ranks)
     # The filters really filter: top-k and top-p leave -inf on some scored tokens, top-p more than top-k.
     masked = {name: (~single[f"logprobs/{name}"].isfinite()).sum().item() for name in SAMPLINGS}
     assert masked["plain"] == 0 and 0 < masked["top_k"] < masked["top_k_top_p"] and masked["top_p"] > 0, masked
 
 
-@pytest.mark.parametrize("config", ["tp2", "dp2"])
+@pytest.mark.parametrize("config", ["tp2", "dp2", "tp2dp2"])
 def test_parallel_train_step_equals_single_process(runs, config):
     single, ranks = runs["single"][0], runs[config]
     for name in TRAIN_SAMPLINGS:
@@ -288,14 +289,15 @@ def test_parallel_train_step_equals_single_process(runs, config):
 def test_parallel_checkpoint_resume_is_exact(runs):
     for config, files in (("single", ["megatron_policy.pt"]), ("tp2", ["megatron_policy_tp0.pt",
                                                                      "megatron_policy_tp1.pt"]),
-                          ("dp2", ["megatron_policy.pt"])):
+                          ("dp2", ["megatron_policy.pt"]),
+                          ("tp2dp2", ["megatron_policy_tp0.pt", "megatron_policy_tp1.pt"])):
         for rank, result in enumerate(runs[config]):
             assert result["resume/files"] == files, (config, result["resume/files"])
             assert result["resume/got"] == result["resume/expected"], (config, rank)
             assert result["resume/max_weight_diff"] == 0.0, (config, rank)
     # The resumed step also matches across configurations (TP = 2 and DP = 2 vs one process).
     expected = runs["single"][0]["resume/expected"]
-    for config in ("tp2", "dp2"):
+    for config in ("tp2", "dp2", "tp2dp2"):
         got = runs[config][0]["resume/got"]
         assert abs(got["loss"] - expected["loss"]) <= TOL and abs(got["grad_norm"] - expected["grad_norm"]) <= TOL
 
