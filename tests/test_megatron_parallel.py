@@ -315,3 +315,13 @@ def test_refused_parallelism_names_the_key():
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2 must divide"):
         check_parallel_sizes(MegatronPolicyConfig(tensor_model_parallel_size=2), 3)
     assert check_parallel_sizes(MegatronPolicyConfig(tensor_model_parallel_size=2), 4) == (2, 2)
+
+
+def test_world_size_above_one_needs_the_runtimes_process_group(tmp_path):
+    from grpo_sdk.backends.megatron.policy import init_parallel_state
+
+    # Without a group (or with a group of another size, left by another test) the policy refuses to
+    # make its own: the ranks would not find each other.
+    context = _context(str(tmp_path), 1, 2)
+    with pytest.raises(RuntimeError, match="megatron policy.*(not initialised|context says rank 1 of 2)"):
+        init_parallel_state(None, context)

@@ -101,7 +101,13 @@ def init_parallel_state(config: Any, context: RunContext) -> None:
     from megatron.core import parallel_state
 
     if context.world_size > 1:
-        distributed.check_process_group(context.rank, context.world_size)
+        if not dist.is_initialized():
+            raise RuntimeError(f"megatron policy with world_size={context.world_size}: torch.distributed is not "
+                               "initialised; the runtime must call torch.distributed.init_process_group before "
+                               "building the policy")
+        if (dist.get_rank(), dist.get_world_size()) != (context.rank, context.world_size):
+            raise RuntimeError(f"megatron policy: the context says rank {context.rank} of {context.world_size}, "
+                               f"but torch.distributed says rank {dist.get_rank()} of {dist.get_world_size()}")
     elif not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
