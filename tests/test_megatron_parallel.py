@@ -43,7 +43,9 @@ SAMPLINGS = {
     "top_p": {"temperature": 0.7, "top_k": None, "top_p": 0.8},
     "top_k_top_p": {"temperature": 0.7, "top_k": 20, "top_p": 0.8},
 }
-TRAIN_SAMPLINGS = {"plain": (), "top_k": ("policy.generation.temperature=0.7", "policy.generation.top_k=20")}
+# "two_steps": two optimizer steps of 2 rows each (one row per data-parallel replica).
+TRAIN_SAMPLINGS = {"plain": (), "two_steps": ("policy.train_global_batch_size=2",),
+                   "top_k": ("policy.generation.temperature=0.7", "policy.generation.top_k=20")}
 
 
 def _free_port() -> int:
