@@ -289,12 +289,14 @@ def test_parallel_train_step_equals_single_process(runs, config):
 
 
 def test_parallel_checkpoint_resume_is_exact(runs):
-    for config, files in (("single", ["megatron_policy.pt"]), ("tp2", ["megatron_policy_tp0.pt",
-                                                                     "megatron_policy_tp1.pt"]),
-                          ("dp2", ["megatron_policy.pt"]),
-                          ("tp2dp2", ["megatron_policy_tp0.pt", "megatron_policy_tp1.pt"])):
+    # The weights as a Hugging Face model directory (whatever the TP size), the optimizer per TP shard.
+    hf_files = ["config.json", "model.safetensors"]
+    for config, files in (("single", ["optimizer.pt"]), ("tp2", ["optimizer.tp0.pt",
+                                                                     "optimizer.tp1.pt"]),
+                          ("dp2", ["optimizer.pt"]),
+                          ("tp2dp2", ["optimizer.tp0.pt", "optimizer.tp1.pt"])):
         for rank, result in enumerate(runs[config]):
-            assert result["resume/files"] == files, (config, result["resume/files"])
+            assert result["resume/files"] == sorted(hf_files + files), (config, result["resume/files"])
             assert result["resume/got"] == result["resume/expected"], (config, rank)
             assert result["resume/max_weight_diff"] == 0.0, (config, rank)
     # The resumed step also matches across configurations (TP = 2 and DP = 2 vs one process).

@@ -61,23 +61,15 @@ def test_grpo_steps_with_the_megatron_policy_track_the_hf_policy(tmp_path):
 
 
 def _policy_tensors(run: Path) -> dict:
-    """The latest checkpoint's policy weights, whichever of the megatron policy's formats it holds."""
-    import torch
+    """The latest checkpoint's policy weights: the megatron policy saves them as a Hugging Face model."""
+    from safetensors.torch import load_file
 
     from grpo_sdk.core.config import CheckpointingConfig
     from grpo_sdk.trainer.checkpoint import CheckpointManager
 
     policy = CheckpointManager(CheckpointingConfig(), run).latest() / "policy"
-    tensors = {}
-    if (policy / "model.safetensors").exists():
-        from safetensors.torch import load_file
-
-        tensors.update(load_file(policy / "model.safetensors"))
-    for path in sorted(policy.glob("megatron_policy*.pt")):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        tensors.update({f"{path.name}:{k}": v for k, v in state.get("model", {}).items()})
-    assert tensors, f"no policy weights in {policy}: {sorted(p.name for p in policy.iterdir())}"
-    return tensors
+    assert (policy / "optimizer.pt").is_file(), sorted(p.name for p in policy.iterdir())
+    return load_file(policy / "model.safetensors")
 
 
 def _run_and_kill_after(args: list[str], cwd: Path, step: int) -> None:
@@ -116,3 +108,15 @@ def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path):
     assert sorted(got) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
+
+    # The checkpoint is a Hugging Face model directory: exported without the optimizer, it loads with
+    # transformers and holds the trained weights.
+    exported = run_grpoctl("export", "run", "exported", cwd=tmp_path / "b")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    files = sorted(p.name for p in (tmp_path / "b" / "exported").iterdir())
+    assert "model.safetensors" in files and "config.json" in files and not any(f.startswith("optimizer") for f in files)
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "exported", dtype=torch.float32)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, want[name]), name

@@ -5,8 +5,6 @@ A megatron generation shares the policy's ``GPTModel`` (no second copy, no weigh
 refit) only when both live in one process: ``cluster.runtime=local`` with
 ``policy.generation.colocated.enabled``. The policy is built first and publishes itself here with
 :func:`publish`; the generation, built next with the same ``RunContext``, finds it with :func:`lookup`.
-(``MegatronPolicy`` does not call :func:`publish` yet: until it does, a run's megatron generation finds
-nothing, says so, and builds a model of its own that the weight sync refits in Hugging Face names.)
 On Ray the policy and the generation are separate actors, so each generation replica
 holds its own model and takes the policy's weights in Hugging Face names (the seed instead runs
 colocated generation inside the policy workers: not built here).

@@ -52,7 +52,8 @@ from safetensors.torch import load_file, save_file
 from grpo_sdk.backends.hf.generation import sample_categorical
 from grpo_sdk.backends.hf.loading import DTYPES
 from grpo_sdk.backends.megatron import colocated
-from grpo_sdk.backends.megatron.policy import causal_padding_mask, init_parallel_state, transformers5_compat
+from grpo_sdk.backends.megatron.bridging import adapt_bridge
+from grpo_sdk.backends.megatron.policy import causal_padding_mask, init_parallel_state
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import process_logits
 from grpo_sdk.plugins.toolkit import load_tokenizer
@@ -134,11 +135,7 @@ class MegatronGeneration:
         init_parallel_state(None, context)  # TP = PP = 1 (the policy's, when it built it first)
         precision = context.config.policy.precision
         self.bridge = AutoBridge.from_pretrained(context.model_path, dtype=DTYPES[precision])
-        transformers5_compat(self.bridge)
-        if self.cpu:
-            from grpo_sdk.backends.megatron import cpu_shims
-
-            cpu_shims.use_local_layer_spec(self.bridge)
+        adapt_bridge(self.bridge)
         # No dropout (its HF config may have some): sampling is from the eval-mode distribution.
         self.bridge.config.hidden_dropout = self.bridge.config.attention_dropout = 0.0
         self.models = self.bridge.get_model(bf16=precision == "bfloat16", fp16=precision == "float16",

@@ -20,13 +20,15 @@ so only the gradient norm needs the TP group. Megatron's own optimizer (``get_me
 would need ``OptimizerConfig(clip_grad=0.0)`` on CPU (megatron/core/optimizer/clip_grads.py:167
 asserts ``torch.cuda.FloatTensor`` gradients).
 
-On a machine without CUDA the test-only CPU shims (``cpu_shims``) are applied and the model is built
-with Megatron-Core's local (non-Transformer-Engine) layer spec.
+On a machine without CUDA the test-only CPU shims (``cpu_shims``) are applied; without Transformer
+Engine the model is built with Megatron-Core's local layer spec (``bridging.adapt_bridge``).
+
+Checkpoints are Hugging Face model directories (plus per-TP-shard optimizer files), so a megatron run's
+checkpoint exports, serves and trains with the hf backends unchanged.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,35 +37,26 @@ import torch
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
 from grpo_sdk.backends.hf.policy import make_optimizer
-from grpo_sdk.backends.megatron import parallel
+from grpo_sdk.backends.megatron import colocated, parallel
+from grpo_sdk.backends.megatron.bridging import adapt_bridge, transformers5_compat  # noqa: F401 (re-exported)
 from grpo_sdk.backends.megatron.hf_semantics import freeze_padding_row
 from grpo_sdk.backends.megatron.parallel import vocab_parallel_token_logprobs
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, free_port, sum_micro_batches
 
-CHECKPOINT_FILE = "megatron_policy.pt"
+# "optimizer.*": grpoctl export leaves these out of an exported model directory (trainer.checkpoint).
+CHECKPOINT_FILE = "optimizer.pt"
 
 __all__ = ["MegatronPolicy", "checkpoint_file", "check_parallel_sizes", "vocab_parallel_token_logprobs"]
 
 
 def checkpoint_file(tp_rank: int, tp_size: int) -> str:
-    """``megatron_policy.pt`` with TP = 1; ``megatron_policy_tp{r}.pt`` per tensor-parallel shard."""
-    return CHECKPOINT_FILE if tp_size == 1 else f"megatron_policy_tp{tp_rank}.pt"
+    """``optimizer.pt`` with TP = 1; ``optimizer.tp{r}.pt`` per tensor-parallel shard."""
+    return CHECKPOINT_FILE if tp_size == 1 else f"optimizer.tp{tp_rank}.pt"
 
 
 def _size(config: Any, name: str, default: Any) -> Any:
     return default if config is None else getattr(config, name, default)
-
-
-def transformers5_compat(bridge) -> None:
-    """mbridge 0.15.1 reads ``hf_config.rope_theta`` (mbridge/models/llama.py, qwen2.py
-    ``_get_gptmodel_args``); transformers 5 keeps it in ``hf_config.rope_parameters["rope_theta"]``
-    and the config object has no ``rope_theta`` attribute (AttributeError)."""
-    cfg = bridge.hf_config
-    if not hasattr(cfg, "rope_theta"):
-        params = getattr(cfg, "rope_parameters", None) or {}
-        if "rope_theta" in params:
-            cfg.rope_theta = params["rope_theta"]
 
 
 def check_parallel_sizes(config: Any, world_size: int) -> tuple[int, int]:
@@ -109,12 +102,19 @@ def init_parallel_state(config: Any, context: RunContext) -> None:
             raise RuntimeError(f"megatron policy: the context says rank {context.rank} of {context.world_size}, "
                                f"but torch.distributed says rank {dist.get_rank()} of {dist.get_world_size()}")
     elif not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", world_size=1, rank=0)
+        # An init_method rather than MASTER_ADDR/PORT in os.environ: those would leak into subprocesses
+        # this one starts, whose own process groups would then fail with EADDRINUSE.
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
     tp = _size(config, "tensor_model_parallel_size", 1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tp, 1)
+        if torch.cuda.is_available():
+            # Megatron's tensor-parallel RNG tracker ("model-parallel-rng") must be seeded before any
+            # model is built on CUDA (on CPU the shims stand in for it).
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(context.seed)
     elif parallel_state.get_tensor_model_parallel_world_size() != tp:
         raise RuntimeError(f"Megatron's model-parallel state is already initialised with TP = "
                            f"{parallel_state.get_tensor_model_parallel_world_size()} in this process; "
@@ -158,11 +158,7 @@ class MegatronPolicy:
         # logprobs mask those columns.
         self.bridge = AutoBridge.from_pretrained(context.model_path, dtype=dtype,
                                                  make_vocab_size_divisible_by=self.tp if vocab % self.tp else None)
-        transformers5_compat(self.bridge)
-        if self.cpu:
-            from grpo_sdk.backends.megatron import cpu_shims
-
-            cpu_shims.use_local_layer_spec(self.bridge)
+        adapt_bridge(self.bridge)
         self.vocab_size = self.bridge.hf_config.vocab_size
         self._apply_model_options()
         self.models = self._build()
@@ -183,6 +179,8 @@ class MegatronPolicy:
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
+        # A colocated megatron generation of this process generates on this very model (colocated.py).
+        colocated.publish(context, self)
 
     def _apply_model_options(self) -> None:
         """``policy.megatron`` keys that shape the mcore TransformerConfig mbridge builds from.
@@ -366,24 +364,41 @@ class MegatronPolicy:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Whole tensors in Hugging Face names (mbridge's export: fused QKV / gate-up split back, TP
-        shards gathered over the TP group, vocab padding dropped). With TP > 1 every rank must drain it."""
-        yield from self.bridge.export_weights(self.models)
+        shards gathered over the TP group, vocab padding dropped). With TP > 1 every rank must drain it.
+
+        Each step of the export runs without autograd: it broadcasts parameters in place over the
+        pipeline group, which with grad mode on lands in the next backward's graph (torch warns
+        "c10d::broadcast_: an autograd kernel was not registered"). Only the export's own steps: a
+        ``no_grad`` around the ``yield`` would leak into the consumer's code.
+        """
+        export = self.bridge.export_weights(self.models)
+        while True:
+            with torch.no_grad():
+                item = next(export, None)
+            if item is None:
+                return
+            yield item
 
     def save_checkpoint(self, path: str) -> None:
-        """One torch file per tensor-parallel shard in ``path`` (``checkpoint_file``): that shard's mcore
-        state dict, optimizer, LR schedule, and the RNG state of the rank that writes it.
+        """``path`` becomes a Hugging Face model directory (config.json + safetensors, mbridge's export,
+        written by rank 0), so ``grpoctl export``/``serve`` and the hf backends read it as they read the
+        hf policy's; next to it one torch file per tensor-parallel shard (``checkpoint_file``) with that
+        shard's optimizer, LR schedule, step count and the writing rank's RNG state.
 
-        Every rank calls it. Data-parallel replicas hold the same shard, so only data-parallel rank 0
-        of each TP group writes; every rank returns once all files are written (or raises on every
-        rank when one failed).
+        Every rank calls it (the export gathers TP shards). Data-parallel replicas hold the same shard,
+        so only data-parallel rank 0 of each TP group writes its file; every rank returns once all files
+        are written (or raises on every rank when one failed).
         """
         directory = Path(path)
         error = None
-        if self.dp_rank == 0:
+        try:
+            with torch.no_grad():
+                self.bridge.save_weights(self.models, str(directory))
+        except Exception as exc:  # noqa: BLE001 - shared below
+            error = exc
+        if self.dp_rank == 0 and error is None:
             try:
-                directory.mkdir(parents=True, exist_ok=True)
-                state = {"model": {k: v for k, v in self.model.state_dict().items() if isinstance(v, torch.Tensor)},
-                         "optimizer_steps": self.optimizer_steps, "rng": _rng_state(),
+                state = {"optimizer_steps": self.optimizer_steps, "rng": _rng_state(),
                          "tensor_model_parallel_size": self.tp}
                 if self.save_optimizer:
                     state["optimizer"] = self.optimizer.state_dict()
@@ -397,7 +412,9 @@ class MegatronPolicy:
             raise error
 
     def load_checkpoint(self, path: str) -> None:
-        """Every rank reads its TP shard's file (a checkpoint saved with another TP size is refused)."""
+        """The weights from the checkpoint's Hugging Face files (mbridge splits them into this rank's
+        shard: exact, as the export is), then this TP shard's optimizer file (a checkpoint saved with
+        another TP size is refused: the optimizer state is sharded like the parameters)."""
         file = Path(path) / checkpoint_file(self.tp_rank, self.tp)
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no checkpoint for tensor-parallel rank {self.tp_rank} of {self.tp} "
@@ -407,11 +424,8 @@ class MegatronPolicy:
         if saved_tp != self.tp:
             raise RuntimeError(f"checkpoint {path} was saved with tensor_model_parallel_size={saved_tp}, this "
                                f"policy runs {self.tp}")
-        missing, unexpected = self.model.load_state_dict(state["model"], strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(missing)}, "
-                               f"unexpected {sorted(unexpected)}")
+        with torch.no_grad():
+            self.bridge.load_weights(self.models, str(path))
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
