@@ -71,8 +71,11 @@ def test_options_parse_with_the_seed_key_names_and_validate_sizes(registry):
 
 def test_a_valid_block_has_no_problems(registry, model_dir):
     assert problems(registry, MegatronPolicyConfig(), model_dir()) == {}
-    block = MegatronPolicyConfig(tensor_model_parallel_size=2, sequence_parallel=True)
+    block = MegatronPolicyConfig(tensor_model_parallel_size=2)
     assert problems(registry, block, model_dir(), runtime="ray", policy_workers=4) == {}
+    # One data-parallel replica: the distributed optimizer is a no-op, not an error.
+    block = MegatronPolicyConfig(tensor_model_parallel_size=2, use_distributed_optimizer=True)
+    assert problems(registry, block, model_dir(), runtime="ray", policy_workers=2) == {}
     # A hub name's config.json is not here: the model checks are skipped, the rest still apply.
     assert problems(registry, MegatronPolicyConfig(), "Qwen/Qwen3-0.6B") == {}
 
@@ -99,7 +102,7 @@ def test_each_check_names_its_key(registry, model_dir, block, cluster, key, text
 
 
 def test_fusions_are_allowed_on_cuda_and_heads_are_checked_against_tp(registry, model_dir):
-    block = MegatronPolicyConfig(apply_rope_fusion=True, bias_activation_fusion=True, context_parallel_size=2)
+    block = MegatronPolicyConfig(apply_rope_fusion=True, bias_activation_fusion=True)
     assert problems(registry, block, model_dir(), device="cuda", runtime="ray", gpus_per_node=2,
                     policy_workers=2) == {}
     found = problems(registry, MegatronPolicyConfig(tensor_model_parallel_size=3), model_dir(num_key_value_heads=3),
@@ -157,3 +160,22 @@ def test_grpoctl_config_validate_reports_every_problem_with_exit_2(make_site, mo
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel",
                 "apply_rope_fusion"):
         assert f"policy.megatron.{key}:" in out
+
+
+
+@pytest.mark.parametrize(("block", "key", "why"), [
+    (dict(pipeline_model_parallel_size=3), "pipeline_model_parallel_size", "forward_backward_func"),
+    (dict(context_parallel_size=3), "context_parallel_size", "whole row on one rank"),
+    (dict(expert_model_parallel_size=3), "expert_model_parallel_size", "expert-data-parallel group"),
+    (dict(tensor_model_parallel_size=3, sequence_parallel=True), "sequence_parallel", "finalize_model_grads"),
+    (dict(use_distributed_optimizer=True), "use_distributed_optimizer", "own torch AdamW state"),
+])
+def test_what_the_policy_does_not_run_yet_is_refused_before_the_run(registry, model_dir, block, key, why):
+    """Valid Megatron settings the policy has not built: a config error naming the key and why, on CUDA
+    too (the same reasons the policy raises when built directly)."""
+    found = problems(registry, MegatronPolicyConfig(**block), model_dir(num_attention_heads=3, num_key_value_heads=3,
+                                                                        num_hidden_layers=3),
+                     device="cuda", runtime="ray", gpus_per_node=3, policy_workers=3)
+    assert list(found) == [f"policy.megatron.{key}"], found
+    assert "not supported by the megatron policy yet" in found[f"policy.megatron.{key}"] and why in found[
+        f"policy.megatron.{key}"]

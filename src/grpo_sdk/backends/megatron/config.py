@@ -36,8 +36,9 @@ class MegatronPolicyConfig:
     use_distributed_optimizer: bool = option(
         False, "Shard the optimizer state over the data-parallel ranks (ZeRO-1); a no-op with one.")
     checkpoint_format: Literal["torch"] = option(
-        "torch", "How checkpoints are saved: `torch` is each rank's model, optimizer, scheduler and RNG "
-        "state with torch.save (an exact resume).")
+        "torch", "How checkpoints are saved: `torch` is the model as a Hugging Face directory (mbridge's "
+        "export) plus each tensor-parallel shard's optimizer, scheduler and RNG state with torch.save (an "
+        "exact resume).")
     apply_rope_fusion: bool = option(
         False, "Fused RoPE kernel; needs CUDA (false on CPU).")
     bias_activation_fusion: bool = option(
@@ -47,3 +48,21 @@ class MegatronPolicyConfig:
     def model_parallel_size(self) -> int:
         """Ranks one model replica spans: TP x PP x CP."""
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+
+
+# What the megatron policy does not run yet, with why: refused by the config check (the spec) before a
+# run starts and by the policy itself when built directly. Keys of MegatronPolicyConfig.
+NOT_BUILT = {
+    "pipeline_model_parallel_size": "pipeline stages exchange activations point to point and need "
+    "Megatron's forward_backward_func schedule, which this policy does not drive (it runs each "
+    "micro-batch's forward and backward itself)",
+    "context_parallel_size": "context parallelism splits every sequence over ranks, and this policy's "
+    "logprobs roll each row by its own padding and need the whole row on one rank",
+    "expert_model_parallel_size": "expert weights would need their gradients reduced over the "
+    "expert-data-parallel group, which this policy does not do (it reduces over the data-parallel group)",
+    "sequence_parallel": "the norms' gradients would need the tensor-parallel all-reduce of Megatron's "
+    "finalize_model_grads, and Megatron's local layer spec (no Transformer Engine) refuses it "
+    "(megatron/core/transformer/torch_norm.py:32)",
+    "use_distributed_optimizer": "with more than one data-parallel replica each keeps its own torch AdamW "
+    "state; Megatron's distributed optimizer is not wired in",
+}

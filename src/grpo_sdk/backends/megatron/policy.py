@@ -38,6 +38,7 @@ from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
 from grpo_sdk.backends.hf.policy import make_optimizer
 from grpo_sdk.backends.megatron import colocated, parallel
+from grpo_sdk.backends.megatron.config import NOT_BUILT
 from grpo_sdk.backends.megatron.bridging import adapt_bridge, transformers5_compat  # noqa: F401 (re-exported)
 from grpo_sdk.backends.megatron.hf_semantics import freeze_padding_row
 from grpo_sdk.backends.megatron.parallel import vocab_parallel_token_logprobs
@@ -63,24 +64,13 @@ def check_parallel_sizes(config: Any, world_size: int) -> tuple[int, int]:
     """``(tp, dp)``: the parallelism this policy runs, or NotImplementedError/ValueError naming the key."""
     key = "policy.megatron"
     tp = _size(config, "tensor_model_parallel_size", 1)
-    refused = {
-        "pipeline_model_parallel_size": "pipeline stages exchange activations point to point and need "
-        "Megatron's forward_backward_func schedule, which this policy does not drive (it runs each "
-        "micro-batch's forward and backward itself)",
-        "context_parallel_size": "context parallelism splits every sequence over ranks, and this policy's "
-        "logprobs roll each row by its own padding and need the whole row on one rank",
-        "expert_model_parallel_size": "expert weights would need their gradients reduced over the "
-        "expert-data-parallel group, which this policy does not do (it reduces over the data-parallel group)",
-    }
-    for name, why in refused.items():
+    for name in ("pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size"):
         if _size(config, name, 1) != 1:
             raise NotImplementedError(f"{key}.{name}={_size(config, name, 1)}: not supported by the megatron "
-                                      f"policy yet (only 1): {why}")
+                                      f"policy yet (only 1): {NOT_BUILT[name]}")
     if _size(config, "sequence_parallel", False):
-        raise NotImplementedError(
-            f"{key}.sequence_parallel=true: not supported by the megatron policy yet: the norms' gradients "
-            "would need the tensor-parallel all-reduce of Megatron's finalize_model_grads, and on CPU "
-            "Megatron's local layer spec refuses it (megatron/core/transformer/torch_norm.py:32)")
+        raise NotImplementedError(f"{key}.sequence_parallel=true: not supported by the megatron policy yet: "
+                                  f"{NOT_BUILT['sequence_parallel']}")
     if world_size % tp:
         raise ValueError(f"{key}.tensor_model_parallel_size={tp} must divide the policy's world size "
                          f"({world_size}, cluster.policy_workers)")
@@ -191,7 +181,7 @@ class MegatronPolicy:
         """
         if self.dp > 1 and _size(self.config, "use_distributed_optimizer", False):
             raise NotImplementedError("policy.megatron.use_distributed_optimizer=true with data parallelism: not "
-                                      "built yet (each replica keeps its own torch AdamW state)")
+                                      f"built yet: {NOT_BUILT['use_distributed_optimizer']}")
         tconfig = self.bridge.config
         # mbridge turns it on whenever TP > 1 (core/llm_bridge.py); this policy runs without it.
         tconfig.sequence_parallel = False

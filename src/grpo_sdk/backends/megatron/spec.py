@@ -95,8 +95,24 @@ def check_megatron(config: Any, options: Any, registry: Any) -> list[tuple[str, 
             problems.append((f"{key}.pipeline_model_parallel_size",
                              f"{pp} must divide the model's num_hidden_layers ({layers}, {where}): each pipeline "
                              "stage holds an equal share of the layers"))
+    problems += _not_built(options, world // tp if world % tp == 0 else 1)
     # policy.generation.backend=megatron against this policy: check_megatron_generation (the generation's).
     return problems
+
+
+def _not_built(options: Any, data_parallel: int) -> list[tuple[str, str]]:
+    """What the megatron policy does not run yet: refused here, before a run starts, rather than when the
+    policy is built (config.NOT_BUILT says why for each)."""
+    from grpo_sdk.backends.megatron.config import NOT_BUILT
+
+    set_keys = [name for name in ("pipeline_model_parallel_size", "context_parallel_size",
+                                  "expert_model_parallel_size") if getattr(options, name) != 1]
+    if options.sequence_parallel:
+        set_keys.append("sequence_parallel")
+    if options.use_distributed_optimizer and data_parallel > 1:
+        set_keys.append("use_distributed_optimizer")
+    return [(f"policy.megatron.{name}", f"{getattr(options, name)}: not supported by the megatron policy yet: "
+             f"{NOT_BUILT[name]}") for name in set_keys]
 
 
 GENERATION = ComponentSpec(
