@@ -27,36 +27,23 @@ not a measurement::
     python benchmarks/gpu/check_megatron.py          # or directly, where megatron-core and mbridge are installed
     OMP_NUM_THREADS=1 python benchmarks/gpu/check_megatron.py --tiny   # CPU smoke (the megatron lane's venv)
 
-Workarounds this script applies that the policy does not (yet) do itself, each so that the
-check measures the policy rather than stops at set-up (design/megatron-gpu.md):
-
-- Megatron's model-parallel RNG state: with ``use_cpu_initialization=False`` Megatron-Core
-  initialises weights under ``get_cuda_rng_tracker().fork()``, which raises "cuda rng state
-  model-parallel-rng is not added" until ``model_parallel_cuda_manual_seed`` has run. The policy
-  calls ``initialize_model_parallel`` but not the seed, so the script sets up the process group,
-  model-parallel state and seed first (the policy then finds them initialised).
-- No Transformer Engine: mbridge always asks for the TE layer spec. Where ``transformer_engine`` does
-  not import (the GPU machine planned for has none), the bridge gets Megatron-Core's local spec
-  through ``cpu_shims.use_local_layer_spec``, as on CPU.
-- megatron-core >= 0.19: mbridge 0.15.1 compares with ``ModelType.encoder_and_decoder``, which 0.19
-  removed; the script gives mbridge's module a ModelType that has it.
-- No Apex: mbridge turns ``masked_softmax_fusion`` on, and in bfloat16 Megatron's softmax then
-  imports Apex's ``scaled_masked_softmax_cuda`` (ModuleNotFoundError; found by this script's CPU
-  smoke run, since the CPU lane runs float32 only). Where that module is absent the script turns the
-  fusion off (on CPU too).
+What the policy itself does for machines like the GPU one planned for (each found by this script;
+``grpo_sdk.backends.megatron.bridging`` and ``policy.init_parallel_state``): seeds Megatron's
+model-parallel RNG on CUDA, builds with Megatron-Core's local layer spec where Transformer Engine
+does not import, turns ``masked_softmax_fusion`` off where Apex's ``scaled_masked_softmax_cuda`` is
+absent, and gives mbridge 0.15.1 the ``ModelType.encoder_and_decoder`` megatron-core 0.19 removed.
+The script only reports which of these applied.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 SHAPES = {
@@ -134,68 +121,22 @@ def synthetic_batch(sizes: dict, vocab: int, seed: int):
                       advantages=torch.randn(rows, 1, generator=g).expand_as(token_mask).contiguous())
 
 
-def init_world(device: str) -> None:
-    """Process group, Megatron model-parallel state (TP = PP = 1) and, on CUDA, Megatron's RNG seed."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state, tensor_parallel
-
-    from grpo_sdk.plugins.toolkit import free_port
-
-    if device == "cpu":
-        from grpo_sdk.backends.megatron import cpu_shims
-
-        cpu_shims.apply()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if device == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", world_size=1, rank=0)
-    parallel_state.initialize_model_parallel(1, 1)
-    if device == "cuda":
-        # The policy does not seed Megatron's tracker: without it the GPU build stops at weight init.
-        tensor_parallel.model_parallel_cuda_manual_seed(1234)
-
-
-def adapt_bridge_to_missing_kernels(device: str) -> list[str]:
-    """Patch mbridge's ``AutoBridge.from_pretrained`` (the policy builds through it) for kernels this
-    machine lacks; returns what was changed (empty: nothing)."""
-    changes = []
-    if device == "cuda" and importlib.util.find_spec("transformer_engine") is None:
-        changes.append("local layer spec (no transformer_engine)")
-    if importlib.util.find_spec("scaled_masked_softmax_cuda") is None:
-        # mbridge sets masked_softmax_fusion=True; in bf16/fp16 with 16 < seq <= 4096 Megatron's
-        # FusedScaleMaskSoftmax then imports Apex's scaled_masked_softmax_cuda (fused_softmax.py,
-        # get_batch_per_block): ModuleNotFoundError where Apex is not installed.
-        changes.append("masked_softmax_fusion off (no Apex scaled_masked_softmax_cuda)")
+def machine_adaptations(device: str) -> list[str]:
+    """Which of the policy's adaptations to a missing kernel or a newer megatron-core apply here."""
     from megatron.core.enums import ModelType
 
+    from grpo_sdk.backends.megatron import bridging
+
+    found = []
+    if not bridging.has_transformer_engine():
+        found.append("local layer spec (no transformer_engine)")
+    if not bridging.has_fused_softmax_kernel():
+        found.append("masked_softmax_fusion off (no Apex scaled_masked_softmax_cuda)")
     if not hasattr(ModelType, "encoder_and_decoder"):
-        # mbridge 0.15.1's get_model (mbridge/core/util.py) compares with
-        # ModelType.encoder_and_decoder, which megatron-core 0.19 removed (AttributeError).
-        import mbridge.core.util as mbridge_util
-
-        mbridge_util.ModelType = types.SimpleNamespace(encoder_or_decoder=ModelType.encoder_or_decoder,
-                                                       encoder_and_decoder=object())
-        changes.append("mbridge ModelType.encoder_and_decoder (gone in megatron-core >= 0.19)")
-    if not changes:
-        return changes
-    import mbridge
-
-    from grpo_sdk.backends.megatron import cpu_shims
-
-    original = mbridge.AutoBridge.from_pretrained
-
-    def from_pretrained(*args, **kwargs):
-        bridge = original(*args, **kwargs)
-        if device == "cuda" and importlib.util.find_spec("transformer_engine") is None:
-            cpu_shims.use_local_layer_spec(bridge)
-        if importlib.util.find_spec("scaled_masked_softmax_cuda") is None:
-            bridge.config.masked_softmax_fusion = False
-        return bridge
-
-    mbridge.AutoBridge.from_pretrained = staticmethod(from_pretrained)
-    return changes
+        found.append("mbridge ModelType.encoder_and_decoder (gone in megatron-core >= 0.19)")
+    if device == "cpu":
+        found.append("CPU shims (grpo_sdk.backends.megatron.cpu_shims)")
+    return found
 
 
 def make_context(model_dir: Path, registry, device: str, precision: str, sizes: dict):
@@ -311,9 +252,10 @@ def run(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
     checks = Checks()
     t_all = time.perf_counter()
-    init_world(device)
-    report["bridge_patches"] = adapt_bridge_to_missing_kernels(device)
-    print(f"bridge patched by this script: {report['bridge_patches'] or 'nothing'}", flush=True)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    report["adaptations"] = machine_adaptations(device)
+    print(f"the policy adapts to this machine with: {report['adaptations'] or 'nothing'}", flush=True)
     registry = Registry.discover()
 
     with tempfile.TemporaryDirectory(prefix="check-megatron-") as tmp:

@@ -30,10 +30,31 @@ def has_fused_softmax_kernel() -> bool:
     return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
 
 
+def megatron_core_019_compat() -> bool:
+    """mbridge 0.15.1's ``get_model`` (mbridge/core/util.py:52,83) compares with
+    ``ModelType.encoder_and_decoder``, which megatron-core 0.19 removed (AttributeError at model build).
+    Gives mbridge's module a ModelType that has it (never equal to a real model type, as intended: only
+    decoder models are built here). Returns whether it patched. Found by benchmarks/gpu/check_megatron.py
+    --tiny against megatron-core 0.19.2 on CPU (design/megatron-gpu.md)."""
+    import types
+
+    from megatron.core.enums import ModelType
+
+    if hasattr(ModelType, "encoder_and_decoder"):
+        return False
+    import mbridge.core.util as mbridge_util
+
+    if not isinstance(mbridge_util.ModelType, types.SimpleNamespace):
+        mbridge_util.ModelType = types.SimpleNamespace(encoder_or_decoder=ModelType.encoder_or_decoder,
+                                                       encoder_and_decoder=object())
+    return True
+
+
 def adapt_bridge(bridge: Any) -> Any:
     """Everything a bridge needs before ``get_model`` on this machine. Returns the bridge.
 
     * transformers 5's config layout (:func:`transformers5_compat`);
+    * megatron-core >= 0.19 under mbridge 0.15.1 (:func:`megatron_core_019_compat`);
     * without Transformer Engine, Megatron-Core's local layer spec (mbridge assumes TE:
       ``cpu_shims.use_local_layer_spec`` says why and how);
     * without the fused-softmax CUDA extension, ``masked_softmax_fusion`` off: mbridge turns it on, and
@@ -41,6 +62,7 @@ def adapt_bridge(bridge: Any) -> Any:
       forward (found by benchmarks/gpu/check_megatron.py --tiny on CPU).
     """
     transformers5_compat(bridge)
+    megatron_core_019_compat()
     if not has_transformer_engine():
         from grpo_sdk.backends.megatron.cpu_shims import use_local_layer_spec
 
