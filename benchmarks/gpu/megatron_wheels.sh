@@ -32,7 +32,7 @@ if ! git check-ignore -q "$dest/x.whl"; then
     exit 2
 fi
 # 0.16.1: the version the policy is written and CI-tested against (Python 3.11 lane); it has a cp312
-# wheel too. 0.19.2: the newest; needs mbridge's ModelType patch, which check_megatron.py applies.
+# wheel too. 0.19.2: the newest; needs mbridge's ModelType patch, which the policy applies (bridging.py).
 versions=${MCORE_VERSIONS:-0.16.1 0.19.2}
 python=${PYTHON:-python3}
 rm -rf "$dest"
