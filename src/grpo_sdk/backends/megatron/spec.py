@@ -16,8 +16,8 @@ POLICY = ComponentSpec(
     check="grpo_sdk.backends.megatron.spec:check_megatron",
     requires=("torch", "transformers", "megatron-core>=0.16.1", "mbridge>=0.15.1"),
     extra="megatron",
-    summary="Megatron-Core GPTModel built from a Hugging Face model through mbridge: TP/PP/CP/EP parallelism "
-            "(in progress, issue 18).",
+    summary="Megatron-Core GPTModel built from a Hugging Face model through mbridge: tensor and data "
+            "parallelism, vocab-parallel logprobs, HF-format checkpoints (CPU-tested; not yet run on a GPU).",
 )
 
 # The causal-LM architectures (config.json model_type) mbridge 0.15.1 registers a bridge for:
@@ -123,7 +123,7 @@ GENERATION = ComponentSpec(
     requires=("torch", "transformers", "megatron-core>=0.16.1", "mbridge>=0.15.1"),
     extra="megatron",
     summary="Sampling on a Megatron-Core GPTModel with Megatron-Core's KV cache; colocated in one process it "
-            "runs on the megatron policy's own weights (in progress, issue 18).",
+            "runs on the megatron policy's own weights (CPU-tested; not yet run on a GPU).",
 )
 
 
