@@ -43,7 +43,6 @@ _TINY = BUILTIN_MODELS["tiny-gpt2"]
 def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = _TINY.n_embd, n_layer: int = _TINY.n_layer,
                     n_head: int = _TINY.n_head, n_positions: int = _TINY.n_positions) -> Path:
     """Write a randomly initialised GPT-2 and its tokenizer to ``out_dir``."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = build_char_tokenizer()
@@ -54,19 +53,11 @@ def build_tiny_gpt2(out_dir: str | Path, seed: int, *, n_embd: int = _TINY.n_emb
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = GPT2LMHeadModel(config)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return _write(GPT2LMHeadModel, config, tokenizer, seed, out_dir)
 
 
 def build_tiny_llama(out_dir: str | Path, seed: int) -> Path:
     """Write a randomly initialised Llama (``builtin:tiny-llama``) and the character tokenizer to ``out_dir``."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     facts = BUILTIN_MODELS["tiny-llama"]
@@ -75,9 +66,17 @@ def build_tiny_llama(out_dir: str | Path, seed: int) -> Path:
     del shape["model_type"]
     config = LlamaConfig(**shape, attention_dropout=0.0, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return _write(LlamaForCausalLM, config, tokenizer, seed, out_dir)
+
+
+def _write(model_class, config, tokenizer, seed: int, out_dir: str | Path) -> Path:
+    """Initialise ``model_class(config)`` from ``seed`` (without touching the caller's RNG) and write it
+    with the tokenizer to ``out_dir``."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -39,15 +39,18 @@ def check_process_group(rank: int, world_size: int) -> None:
                            f"rank {dist.get_rank()} of {dist.get_world_size()}")
 
 
-def row_share(rows: int, what: str) -> tuple[int, int]:
-    """``(start, stop)`` of this rank's contiguous, equal share of ``rows`` rows.
+def row_share(rows: int, what: str, *, world: int | None = None, rank: int | None = None,
+              ranks: str = "ranks") -> tuple[int, int]:
+    """``(start, stop)`` of this rank's contiguous, equal share of ``rows`` rows (of the default group's,
+    or of ``world`` ranks as rank ``rank``: e.g. one data-parallel group among model-parallel ones).
 
     Equal shares are what keeps the ranks in step: every rank then runs the same number of
     forward/backward calls, and an FSDP collective waiting for a missing call would hang.
     """
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size() if world is None else world
+    rank = dist.get_rank() if rank is None else rank
     if rows % world:
-        raise ValueError(f"{what}: {rows} rows do not split evenly over {world} data-parallel policy ranks; make "
+        raise ValueError(f"{what}: {rows} rows do not split evenly over {world} data-parallel policy {ranks}; make "
                          "grpo.num_prompts_per_step * grpo.num_generations_per_prompt and "
                          f"policy.train_global_batch_size multiples of {world}")
     share = rows // world

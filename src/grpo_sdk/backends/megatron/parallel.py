@@ -15,6 +15,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from grpo_sdk.backends.hf.distributed import row_share
 from grpo_sdk.plugins.tensors import process_logits, token_logprobs
 
 NEG_INF = float("-inf")
@@ -129,13 +130,8 @@ def dp_row_share(rows: int, what: str) -> tuple[int, int]:
     """
     from megatron.core import parallel_state
 
-    world, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    if rows % world:
-        raise ValueError(f"{what}: {rows} rows do not split evenly over {world} data-parallel policy replicas; "
-                         "make grpo.num_prompts_per_step * grpo.num_generations_per_prompt and "
-                         f"policy.train_global_batch_size multiples of {world}")
-    share = rows // world
-    return rank * share, (rank + 1) * share
+    return row_share(rows, what, world=parallel_state.get_data_parallel_world_size(),
+                     rank=parallel_state.get_data_parallel_rank(), ranks="replicas")
 
 
 def all_gather_rows(share: torch.Tensor, group) -> torch.Tensor:
