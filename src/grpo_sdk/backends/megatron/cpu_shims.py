@@ -1,12 +1,14 @@
 """Test-only CPU shims for megatron-core 0.16.1 on a CPU-only torch (2.13.0+cpu, gloo, world size 1).
 
 Megatron-Core is not a supported CPU configuration: it hard-codes CUDA in many places. These patches
-let a tiny ``GPTModel`` build, run forward/backward and (with W4) go through the mcore schedules,
-DDP wrapper and optimizer on this CPU, so the megatron backend can be smoke-tested in CI. They are a
-**test-only hack**: :func:`apply` refuses to run when CUDA is available, and nothing in the backend
-applies them on its own. Real validation belongs on a GPU (research/feasibility.md §4, Appendix C).
+let a tiny ``GPTModel`` build, run forward/backward (with W5 also under full activation recompute)
+and (with W4) go through the mcore schedules, DDP wrapper and optimizer on this CPU, so the megatron
+backend can be smoke-tested in CI. They are a **test-only hack**: :func:`apply` refuses to run when
+CUDA is available, and nothing in the backend applies them on its own. Real validation belongs on a
+GPU (research/feasibility.md §4, Appendix C).
 
-The shims (numbering as in feasibility.md §4; file:line refs are into megatron-core 0.16.1):
+The shims (W1-W4 numbered as in feasibility.md §4, W5 added here; file:line refs are into
+megatron-core 0.16.1):
 
 W2  RNG tracker. ``model_parallel_cuda_manual_seed`` asserts "Torch not compiled with CUDA enabled"
     (the tracker's ``add`` calls ``torch.cuda.get_rng_state``, megatron/core/tensor_parallel/
@@ -32,6 +34,19 @@ W4  Hard-coded ``device="cuda"`` / ``.cuda()`` (78 lines in 33 files), e.g. pipe
     the identity (``nn.Module.cuda`` goes through it). Still needed with it: ``OptimizerConfig(
     clip_grad=0.0)``, since optimizer/clip_grads.py:167 asserts ``param.grad.type() ==
     'torch.cuda.FloatTensor'``.
+
+W5  Activation recompute (``recompute_granularity="full"``). ``CheckpointFunction.forward`` saves
+    all RNG states (megatron/core/tensor_parallel/random.py:514 ``_get_all_rng_states()``), which
+    reads the CUDA generator (random.py:447 -> :55 ``torch.cuda.random.get_rng_state(device=
+    "cuda")``) and fails with AssertionError "Torch not compiled with CUDA enabled"; ``backward``
+    restores them (random.py:552 ``_set_all_rng_states`` -> :457 ``_set_cuda_rng_state``).
+    Fix: the module's ``_get_cuda_rng_state`` returns None and ``_set_cuda_rng_state`` does
+    nothing, since there is no CUDA generator to save. RNG semantics: ``_get_all_rng_states``
+    still saves and restores the CPU generator (``torch.get_rng_state``) and the tracker states
+    (empty under W2), so the recomputed forward draws the same CPU random numbers (dropout masks) as
+    the original forward did, as megatron does for the CUDA generator on a GPU (checked once by hand:
+    ``tensor_parallel.checkpoint`` of a p=0.5 dropout layer gave the un-checkpointed output and input
+    gradient exactly). Covers ``CheckpointWithoutOutput`` (random.py:656/681) too.
 
 (W1, a patched ``GlobalMemoryBuffer.get_tensor``, is subsumed by W3 and not applied.)
 
@@ -83,8 +98,12 @@ def _tensor_cuda_identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torc
     return self
 
 
+def _no_cuda_rng_state(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def apply() -> Callable[[], None]:
-    """Apply W2, W3 and W4; return a function that undoes them.
+    """Apply W2, W3, W4 and W5; return a function that undoes them.
 
     W2 resets megatron's global RNG tracker (so ``megatron.core`` must be importable); apply before
     building the model. Raises RuntimeError when CUDA is available: these shims are for CPU only.
@@ -104,12 +123,16 @@ def apply() -> Callable[[], None]:
     saved_tensor_cuda = torch.Tensor.cuda
     saved_tracker = mcore_random._CUDA_RNG_STATE_TRACKER
     saved_tracker_initialized = mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED
+    saved_get_cuda_rng_state = mcore_random._get_cuda_rng_state
+    saved_set_cuda_rng_state = mcore_random._set_cuda_rng_state
 
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]  # W3
     torch.Tensor.cuda = _tensor_cuda_identity  # type: ignore[method-assign]  # W4
     mode = CudaToCpu()
     mode.__enter__()  # W4
     mcore_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)  # W2
+    mcore_random._get_cuda_rng_state = _no_cuda_rng_state  # W5
+    mcore_random._set_cuda_rng_state = _no_cuda_rng_state  # W5
     _active = True
 
     def undo() -> None:
@@ -121,6 +144,8 @@ def apply() -> Callable[[], None]:
         torch.cuda.current_device = saved_current_device  # type: ignore[assignment]
         mcore_random._CUDA_RNG_STATE_TRACKER = saved_tracker
         mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved_tracker_initialized
+        mcore_random._get_cuda_rng_state = saved_get_cuda_rng_state
+        mcore_random._set_cuda_rng_state = saved_set_cuda_rng_state
         _active = False
 
     return undo

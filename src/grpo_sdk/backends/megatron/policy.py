@@ -191,12 +191,7 @@ class MegatronPolicy:
         tconfig.apply_rope_fusion = bool(_size(self.config, "apply_rope_fusion", False))
         tconfig.bias_activation_fusion = bool(_size(self.config, "bias_activation_fusion", False))
         if _size(self.config, "activation_checkpointing", False):
-            if self.cpu:
-                # megatron/core/tensor_parallel/random.py CheckpointFunction.forward -> _get_all_rng_states ->
-                # the CUDA RNG state (AssertionError "Torch not compiled with CUDA enabled");
-                # the CPU shims do not cover it yet.
-                raise NotImplementedError("policy.megatron.activation_checkpointing needs CUDA: megatron's "
-                                          "CheckpointFunction saves the CUDA RNG state (no CPU shim yet)")
+            # On CPU, megatron's CheckpointFunction saves the CUDA RNG state: cpu_shims W5 covers it.
             # Full recompute of every layer in backward (megatron's recompute_granularity="full").
             tconfig.recompute_granularity = "full"
             tconfig.recompute_method = "uniform"
