@@ -36,6 +36,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; fail fast instead o
 STRICT_ENV = "GRPO_SDK_STRICT_PLUGINS"
 
 
+def _megatron_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("megatron", "mbridge")) and \
+        importlib.util.find_spec("megatron.core") is not None
+
+
+# ``pytestmark = MEGATRON_LANE`` in a test module: the megatron lane's tests, which need megatron-core and
+# mbridge (in their own venv) and are skipped, with this reason, in the main one.
+MEGATRON_LANE = [pytest.mark.megatron,
+                 pytest.mark.skipif(not _megatron_installed(),
+                                    reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)")]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hook_plugin(*plugins): hook plugins (objects with hookimpls) the module's "
                                        "`registry` fixture registers, for test components")

@@ -8,21 +8,14 @@ the model runs with the test-only shims in grpo_sdk.backends.megatron.cpu_shims.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 
 import pytest
 
-pytestmark = [
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None
-        or importlib.util.find_spec("mbridge") is None,
-        reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)",
-    ),
-]
+from conftest import MEGATRON_LANE
+
+pytestmark = MEGATRON_LANE
 
 VOCAB = 128
 TOL = 1e-5

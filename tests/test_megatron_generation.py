@@ -11,19 +11,11 @@ it runs on the policy's own tensors.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-pytestmark = [
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None
-        or importlib.util.find_spec("mbridge") is None,
-        reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)",
-    ),
-]
+from conftest import MEGATRON_LANE
+
+pytestmark = MEGATRON_LANE
 
 TOL = 1e-5
 OVERRIDES = ("policy.backend=megatron", "policy.train_micro_batch_size=3", "policy.logprob_batch_size=6",

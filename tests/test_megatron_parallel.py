@@ -11,22 +11,15 @@ vocabulary (127), so TP = 2 pads it to 128 and shard 1 holds a padded column the
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import socket
 import time
 
 import pytest
 
-pytestmark = [
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None
-        or importlib.util.find_spec("mbridge") is None,
-        reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)",
-    ),
-]
+from conftest import MEGATRON_LANE
+
+pytestmark = MEGATRON_LANE
 
 VOCAB = 127
 TOL = 1e-5

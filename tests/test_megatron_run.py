@@ -11,25 +11,15 @@ tensor/pipeline parallelism in a run, or speed (see benchmarks/gpu/check_megatro
 from __future__ import annotations
 
 import importlib.util
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import grpoctl_env, run_grpoctl
+from conftest import MEGATRON_LANE, run_grpoctl
 from faults.campaign import metrics_of
+from test_lifecycle import run_and_kill_after
 
-pytestmark = [
-    pytest.mark.megatron,
-    pytest.mark.skipif(
-        importlib.util.find_spec("megatron") is None
-        or importlib.util.find_spec("megatron.core") is None
-        or importlib.util.find_spec("mbridge") is None,
-        reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)",
-    ),
-]
+pytestmark = MEGATRON_LANE
 
 RECIPE = ["policy.model_name=builtin:tiny-llama", "grpo.val_period=0", "grpo.val_at_end=false",
           "checkpointing.save_period=1000"]
@@ -83,20 +73,6 @@ def _policy_tensors(run: Path) -> dict:
     return load_file(policy / "model.safetensors")
 
 
-def _run_and_kill_after(args: list[str], cwd: Path, step: int) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", *args], cwd=cwd, env=grpoctl_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith(f"step {step}/"):
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before step {step} (exit {proc.returncode})"
-
-
 def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path):
     import torch
 
@@ -107,7 +83,7 @@ def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path):
     reference = run_grpoctl(*args, cwd=tmp_path / "a", timeout=300)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    _run_and_kill_after(args, tmp_path / "b", step=5)  # after the step-4 checkpoint, mid-way to the next
+    run_and_kill_after(args, tmp_path / "b", step=5)  # after the step-4 checkpoint, mid-way to the next
     resumed = run_grpoctl("run", "--resume", "run", cwd=tmp_path / "b", timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout
@@ -145,7 +121,7 @@ def test_a_ray_worker_group_of_two_megatron_ranks_trains_as_one_process(tmp_path
     local = metrics_of(_run(tmp_path, "local", "policy.backend=megatron", *steps))
     ray_args = ["run", "--run-dir", "ray", *RECIPE, "policy.backend=megatron", *steps, "cluster.runtime=ray",
                 "cluster.policy_workers=2", parallel]
-    _run_and_kill_after(ray_args, tmp_path, step=3)
+    run_and_kill_after(ray_args, tmp_path, step=3)
     resumed = run_grpoctl("run", "--resume", "ray", cwd=tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 2" in resumed.stdout
