@@ -108,15 +108,19 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def all_gather_rows(share: torch.Tensor) -> torch.Tensor:
-    """Every rank's equal ``[rows, ...]`` share, concatenated in rank order, on every rank."""
-    parts = [torch.empty_like(share) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, share.contiguous())
+def all_gather_rows(share: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's equal ``[rows, ...]`` share, concatenated in rank order, on every rank (of ``group``:
+    the default one, or e.g. a data-parallel group among model-parallel ones)."""
+    parts = [torch.empty_like(share) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, share.contiguous(), group=group)
     return torch.cat(parts)
 
 
-def all_reduce_metrics(metrics: dict[str, float], failed: bool, device: torch.device) -> tuple[dict[str, float], bool]:
-    """One optimizer step's metrics over every rank's share, and whether any rank failed.
+def all_reduce_metrics(metrics: dict[str, float], failed: bool, device: torch.device, group=None,
+                       who: str = "hf policy") -> tuple[dict[str, float], bool]:
+    """One optimizer step's metrics over every rank's share (of ``group``: the default one, or e.g. the
+    data-parallel group when the ranks of a tensor-parallel group hold the same metrics and must not be
+    added up), and whether any rank failed.
 
     Sums add up (each rank's loss metrics are already divided by the global counts);
     ``_min``/``_max`` keys take the min/max (``grpo_sdk.core.metrics``). Two all-reduces; a
@@ -128,14 +132,14 @@ def all_reduce_metrics(metrics: dict[str, float], failed: bool, device: torch.de
     extremes = [k for k in keys if k.endswith(("_min", "_max"))]
     checksum = float(zlib.crc32("\n".join(keys).encode()))
     summed = torch.tensor([metrics[k] for k in sums] + [float(failed)], dtype=torch.float64, device=device)
-    dist.all_reduce(summed)
+    dist.all_reduce(summed, group=group)
     # min(x) = -max(-x), so one MAX reduction serves both kinds; max(c) == -max(-c) iff all c agree.
     maxed = torch.tensor([metrics[k] if k.endswith("_max") else -metrics[k] for k in extremes] + [checksum, -checksum],
                          dtype=torch.float64, device=device)
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
+    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
     summed, maxed = summed.tolist(), maxed.tolist()
     if maxed[-2] != -maxed[-1]:
-        raise RuntimeError("hf policy: the loss returned different metric names on different ranks")
+        raise RuntimeError(f"{who}: the loss returned different metric names on different ranks")
     out = dict(zip(sums, summed))
     out.update({k: v if k.endswith("_max") else -v for k, v in zip(extremes, maxed)})
     return out, summed[-1] > 0

@@ -9,7 +9,6 @@ runtime's process group). Under TP every rank of a tensor-parallel group holds a
 
 from __future__ import annotations
 
-import zlib
 from typing import Iterable
 
 import torch
@@ -134,13 +133,6 @@ def dp_row_share(rows: int, what: str) -> tuple[int, int]:
                      rank=parallel_state.get_data_parallel_rank(), ranks="replicas")
 
 
-def all_gather_rows(share: torch.Tensor, group) -> torch.Tensor:
-    """Every data-parallel rank's equal ``[rows, ...]`` share, in rank order, on every rank."""
-    parts = [torch.empty_like(share) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, share.contiguous(), group=group)
-    return torch.cat(parts)
-
-
 def all_reduce_gradients(params: list[torch.nn.Parameter], group) -> None:
     """SUM every gradient over the data-parallel group, in one flat buffer.
 
@@ -157,32 +149,6 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], group) -> None:
     for grad in grads:
         grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
         offset += grad.numel()
-
-
-def all_reduce_metrics(metrics: dict[str, float], failed: bool, group,
-                       device: torch.device) -> tuple[dict[str, float], bool]:
-    """One optimizer step's metrics over the data-parallel group, and whether any replica failed.
-
-    As ``grpo_sdk.backends.hf.distributed.all_reduce_metrics`` but over ``group``: the ranks of a TP
-    group hold the same metrics and must not be added up. Sums add; ``_min``/``_max`` keys take the
-    min/max; a checksum of the key names catches ranks whose metrics differ in keys.
-    """
-    keys = sorted(metrics)
-    sums = [k for k in keys if not k.endswith(("_min", "_max"))]
-    extremes = [k for k in keys if k.endswith(("_min", "_max"))]
-    checksum = float(zlib.crc32("\n".join(keys).encode()))
-    summed = torch.tensor([metrics[k] for k in sums] + [float(failed)], dtype=torch.float64, device=device)
-    dist.all_reduce(summed, group=group)
-    # min(x) = -max(-x), so one MAX reduction serves both kinds; max(c) == -max(-c) iff all c agree.
-    maxed = torch.tensor([metrics[k] if k.endswith("_max") else -metrics[k] for k in extremes] + [checksum, -checksum],
-                         dtype=torch.float64, device=device)
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
-    summed, maxed = summed.tolist(), maxed.tolist()
-    if maxed[-2] != -maxed[-1]:
-        raise RuntimeError("megatron policy: the loss returned different metric names on different ranks")
-    out = dict(zip(sums, summed))
-    out.update({k: v if k.endswith("_max") else -v for k, v in zip(extremes, maxed)})
-    return out, summed[-1] > 0
 
 
 # --- gradient norm under TP ------------------------------------------------------------------------

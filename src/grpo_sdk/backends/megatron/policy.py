@@ -251,7 +251,7 @@ class MegatronPolicy:
                                           batch.attention_mask[i:i + size].to(self.device))
                   for i in range(0, batch.batch_size, size)]
         logprobs = torch.cat(chunks)
-        return (parallel.all_gather_rows(logprobs, self.dp_group) if self.dp > 1 else logprobs).cpu()
+        return (distributed.all_gather_rows(logprobs, self.dp_group) if self.dp > 1 else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -313,7 +313,8 @@ class MegatronPolicy:
             metrics = sum_micro_batches(micro_metrics)
             failed = failure is not None
             if self.dp > 1:  # the whole global batch's metrics and gradient, identical on every replica
-                metrics, failed = parallel.all_reduce_metrics(metrics, failed, self.dp_group, self.device)
+                metrics, failed = distributed.all_reduce_metrics(metrics, failed, self.device, self.dp_group,
+                                                                  who="megatron policy")
                 if not failed:
                     parallel.all_reduce_gradients(self.params, self.dp_group)
             if failed:
