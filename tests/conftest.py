@@ -50,6 +50,26 @@ MEGATRON_LANE = [pytest.mark.megatron,
                                     reason="needs megatron-core and mbridge (the megatron lane's venv: .ci/megatron-lane)")]
 
 
+@pytest.fixture(scope="module")
+def megatron_world():
+    """For a megatron lane module: the first megatron component builds a gloo world of one, Megatron's
+    model-parallel state and the CPU shims when none exist; this tears down what they built, after the
+    module."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    existed = dist.is_initialized()
+    yield
+    if not existed:
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hook_plugin(*plugins): hook plugins (objects with hookimpls) the module's "
                                        "`registry` fixture registers, for test components")

@@ -177,27 +177,8 @@ def _batch(seed: int = 3, rows: int = 6, prompt: int = 7, response: int = 6):
                       advantages=torch.randn(rows, 1, generator=g).expand_as(token_mask).contiguous())
 
 
-@pytest.fixture(scope="module")
-def policy_world():
-    """The policy builds its own gloo world and model-parallel state (and applies the CPU shims) when
-    none exists; this tears down what it built."""
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    existed = dist.is_initialized()
-    yield
-    if not existed:
-        from megatron.core import parallel_state
-
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("sampling", [(), ("policy.generation.temperature=0.7", "policy.generation.top_k=20")])
-def test_policy_logprobs_equal_hf_policy(policy_world, llama_dir, registry, sampling):
+def test_policy_logprobs_equal_hf_policy(megatron_world, llama_dir, registry, sampling):
     import torch
 
     from grpo_sdk.backends.hf.policy import HFPolicy
@@ -219,7 +200,7 @@ def test_policy_logprobs_equal_hf_policy(policy_world, llama_dir, registry, samp
     assert torch.all(mc_lp[~keep] == 0)
 
 
-def test_policy_train_step_equals_hf_policy(policy_world, llama_dir, registry, monkeypatch):
+def test_policy_train_step_equals_hf_policy(megatron_world, llama_dir, registry, monkeypatch):
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
@@ -290,7 +271,7 @@ def test_policy_train_step_equals_hf_policy(policy_world, llama_dir, registry, m
     assert not torch.allclose(mc.logprobs(batch)[mask], batch.reference_logprobs[mask])  # the policy moved
 
 
-def test_policy_checkpoint_round_trip(policy_world, llama_dir, registry, tmp_path):
+def test_policy_checkpoint_round_trip(megatron_world, llama_dir, registry, tmp_path):
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss

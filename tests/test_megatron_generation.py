@@ -23,25 +23,6 @@ OVERRIDES = ("policy.backend=megatron", "policy.train_micro_batch_size=3", "poli
 
 
 @pytest.fixture(scope="module")
-def world():
-    """The first megatron component builds a gloo world of one, the model-parallel state and the CPU
-    shims; this tears the world down after the module."""
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    existed = dist.is_initialized()
-    yield
-    if not existed:
-        from megatron.core import parallel_state
-
-        if parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny Llama with the built-in character tokenizer (25 tokens; Megatron pads the vocab to 128,
     so the padded logit columns must be dropped), every weight perturbed so a swapped one shows."""
@@ -122,7 +103,7 @@ def _greedy(max_new_tokens=8, **kw):
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_k=1, **kw)
 
 
-def test_greedy_equals_hf_generation_and_the_policy_argmax(world, model_dir, registry):
+def test_greedy_equals_hf_generation_and_the_policy_argmax(megatron_world, model_dir, registry):
     import torch
 
     from grpo_sdk.backends.hf.generation import HFGeneration
@@ -149,7 +130,7 @@ def test_greedy_equals_hf_generation_and_the_policy_argmax(world, model_dir, reg
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=12, top_p=0.9)])
-def test_logprobs_equal_the_policy_logprobs_of_the_sampled_tokens(world, model_dir, registry, sampling):
+def test_logprobs_equal_the_policy_logprobs_of_the_sampled_tokens(megatron_world, model_dir, registry, sampling):
     import torch
 
     from grpo_sdk.backends.megatron.generation import MegatronGeneration
@@ -173,7 +154,7 @@ def test_logprobs_equal_the_policy_logprobs_of_the_sampled_tokens(world, model_d
     assert out.logprobs[mask].min() < -0.5  # really sampled, not near-greedy
 
 
-def test_stop_tokens_and_max_new_tokens(world, model_dir, registry):
+def test_stop_tokens_and_max_new_tokens(megatron_world, model_dir, registry):
     import torch
 
     from grpo_sdk.backends.megatron.generation import MegatronGeneration
@@ -199,7 +180,7 @@ def test_stop_tokens_and_max_new_tokens(world, model_dir, registry):
                        * (torch.arange(short.response_ids.shape[1])[None] < short.response_lengths[:, None]))
 
 
-def test_update_weights_from_a_trained_policy(world, model_dir, registry):
+def test_update_weights_from_a_trained_policy(megatron_world, model_dir, registry):
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
@@ -230,7 +211,7 @@ def test_update_weights_from_a_trained_policy(world, model_dir, registry):
         gen.update_weights(iter(weights[1:]), version=4)
 
 
-def test_colocated_generation_runs_on_the_policy_tensors(world, model_dir, registry, tmp_path):
+def test_colocated_generation_runs_on_the_policy_tensors(megatron_world, model_dir, registry, tmp_path):
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
@@ -268,7 +249,7 @@ def test_colocated_generation_runs_on_the_policy_tensors(world, model_dir, regis
     assert {n: p.data_ptr() for n, p in policy.model.named_parameters()} == policy_ptrs  # trained in place
 
 
-def test_checkpoint_restores_the_sampling_rng(world, model_dir, registry, tmp_path):
+def test_checkpoint_restores_the_sampling_rng(megatron_world, model_dir, registry, tmp_path):
     import torch
 
     from grpo_sdk.backends.megatron.generation import MegatronGeneration
@@ -290,8 +271,8 @@ def test_grpo_run_with_megatron_policy_and_generation_equals_the_hf_generation_r
     from conftest import run_grpoctl
     from faults.campaign import metrics_of
 
-    # The in-process tests' gloo world set MASTER_PORT in this process's environment and still listens
-    # on it: the runs (subprocesses) must pick their own.
+    # A gloo world of this process that was set up through MASTER_ADDR/MASTER_PORT (the policy no longer
+    # does; a test's own fixture may) still listens there: the runs (subprocesses) must pick their own.
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
 
@@ -312,7 +293,7 @@ def test_grpo_run_with_megatron_policy_and_generation_equals_the_hf_generation_r
         assert m["reward/mean"] == h["reward/mean"] and abs(m["loss"] - h["loss"]) <= 1e-5, (m, h)
 
 
-def test_colocated_in_a_run_the_loop_refits_without_conversion(world, tmp_path, monkeypatch):
+def test_colocated_in_a_run_the_loop_refits_without_conversion(megatron_world, tmp_path, monkeypatch):
     """The unchanged loop (in this process, weight_sync=inprocess) with a policy that publishes itself
     (the one call MegatronPolicy does not make yet, patched in here): the generation runs on the
     policy's model, every refit skips the export, and the sampler's logprobs stay the policy's."""
