@@ -41,6 +41,16 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
+def sample_token(logits: torch.Tensor, sampling: SamplingParams,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``logits [B, V]`` and its logprob under the processed distribution
+    (temperature, top-k, top-p): what the policy's logprobs reproduce."""
+    step_logprobs = torch.log_softmax(
+        process_logits(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
+    token = sample_categorical(step_logprobs.exp(), generator)
+    return token, step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+
+
 class HFGeneration:
     """Samples with a private copy of the model; ``update_weights`` copies new weights in place.
 
@@ -90,10 +100,7 @@ class HFGeneration:
                 last_logits, decode = start(input_ids, attention_mask, new_tokens)
             for t in range(new_tokens):
                 versions.append(version)
-                logits = process_logits(last_logits.float(), sampling.temperature, sampling.top_k, sampling.top_p)
-                step_logprobs = torch.log_softmax(logits, dim=-1)
-                token = sample_categorical(step_logprobs.exp(), generator)
-                token_logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+                token, token_logprob = sample_token(last_logits, sampling, generator)
                 alive = ~finished
                 tokens[:, t] = torch.where(alive, token, self.pad_token_id)
                 logprobs[:, t] = torch.where(alive, token_logprob, 0.0)

@@ -49,13 +49,12 @@ from typing import Any, Iterable
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.backends.hf.generation import sample_categorical
+from grpo_sdk.backends.hf.generation import sample_token
 from grpo_sdk.backends.hf.loading import DTYPES
 from grpo_sdk.backends.megatron import colocated
 from grpo_sdk.backends.megatron.bridging import adapt_bridge
 from grpo_sdk.backends.megatron.policy import causal_padding_mask, init_parallel_state
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
-from grpo_sdk.plugins.tensors import process_logits
 from grpo_sdk.plugins.toolkit import load_tokenizer
 
 
@@ -183,11 +182,7 @@ class MegatronGeneration:
             # ``last_logits`` predict the token at ``position``; a row samples once its prompt is behind it.
             sampled_rows = (position >= prompt_len) & ~finished & (lengths < new_tokens)
             if bool(sampled_rows.any()):
-                scaled = last_logits[:, :self.vocab_size].float()
-                step_logprobs = torch.log_softmax(
-                    process_logits(scaled, sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
-                token = sample_categorical(step_logprobs.exp(), generator)
-                token_logprob = step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+                token, token_logprob = sample_token(last_logits[:, :self.vocab_size], sampling, generator)
                 slot = lengths.clamp(max=new_tokens - 1)
                 tokens[row_index, slot] = torch.where(sampled_rows, token, tokens[row_index, slot])
                 logprobs[row_index, slot] = torch.where(sampled_rows, token_logprob, logprobs[row_index, slot])
