@@ -65,6 +65,7 @@ PUBLIC_NAMES = [
     "PluginError",
     "Policy",
     "PromptSampler",
+    "ReceivesBroadcast",
     "ReportsMetrics",
     "RunContext",
     "RunStatus",
@@ -120,6 +121,10 @@ PROTOCOLS = {
     },
     "MultiTurnEnvironment": {"step": "(self, message_logs, metadata)"},
     "PromptSampler": {"sample_prompts": "(self, num_prompts, rng)"},
+    "ReceivesBroadcast": {"broadcast_ranks": "(self)",
+                          "join_broadcast": "(self, *, master_address, master_port, rank_offset, world_size, "
+                                            "group_name, backend)",
+                          "receive_broadcast": "(self, tensors, *, group_name, version, last)"},
     "ReportsMetrics": {},
     "SupportsShutdown": {"shutdown": "(self)"},
     "SurvivorNormalizedLoss": {

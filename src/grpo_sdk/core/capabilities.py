@@ -60,6 +60,13 @@ class Capability(enum.StrEnum):
     CUDA_IPC = "cuda_ipc"
     """generation: can load weights from CUDA IPC handles in its own process (the ``cuda_ipc``
     transport's ``update_weights`` path). Read by the ``cuda_ipc`` transport's config check."""
+    RECEIVES_BROADCAST = "receives_broadcast"
+    """generation: its engine joins the ``collective`` transport's process group and receives the
+    broadcast weights in its own workers (``ReceivesBroadcast``: SGLang's
+    ``update_weights_from_distributed``, TensorRT-LLM's collective extension, Dynamo's refit
+    routes); the transport then broadcasts tensor by tensor to the engine instead of receiving in
+    the generation worker. Read by the ``collective`` transport and the contract kit
+    (``ReceivesBroadcast`` must be there)."""
     IN_FLIGHT_WEIGHT_UPDATES = "in_flight_weight_updates"
     """generation: ``update_weights`` during ``generate`` takes effect between decode steps (the
     requests in flight finish under the new weights), reports per-token versions
@@ -81,6 +88,7 @@ CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.RAY_WORKERS: "weight_sync",
     Capability.CUDA_IPC: "generation",
     Capability.IN_FLIGHT_WEIGHT_UPDATES: "generation",
+    Capability.RECEIVES_BROADCAST: "generation",
 }
 """The component kind each capability applies to."""
 

@@ -354,6 +354,44 @@ class WeightFileLoader(Protocol):
 
 
 @runtime_checkable
+class ReceivesBroadcast(Protocol):
+    """A generation backend whose engine receives the ``collective`` transport's broadcasts in its
+    own processes: it joins the transport's process group (policy rank 0 is rank 0) and each of its
+    workers receives every tensor, as SGLang's ``init_weights_update_group`` /
+    ``update_weights_from_distributed``, TensorRT-LLM's collective worker extension and Dynamo's
+    refit routes do. Without it the transport receives in the generation worker and calls
+    ``update_weights``. Declare the ``receives_broadcast`` capability with it.
+
+    ``broadcast_ranks()`` is how many ranks the engine adds to the group (its tensor x pipeline
+    parallel workers; 1 for one process). ``join_broadcast(...)`` makes the engine join the group
+    (a torch.distributed rendezvous at ``tcp://master_address:master_port``, the engine's workers
+    taking ranks ``rank_offset`` onward, the group named ``group_name``) and returns once it has;
+    it is called at the first sync, while rank 0 joins. ``receive_broadcast(tensors, ...)`` tells
+    the engine the ``(name, shape, dtype)`` of the next tensors, in order (dtype as torch spells it
+    without the prefix: ``"bfloat16"``); rank 0 broadcasts each of them on its own, and the call
+    returns once the engine has received and loaded them all. A sync is one or more such calls,
+    the last with ``last=True``: then the engine finishes the update (drops cached KV, runs
+    post-load processing) and ``generate`` reports ``weight_version == version``.
+
+    Example (a client of an SGLang server)::
+
+        class SGLangGeneration:
+            def receive_broadcast(self, tensors, *, group_name, version, last):
+                self.post("/update_weights_from_distributed", {
+                    "names": [n for n, _, _ in tensors], "shapes": [list(s) for _, s, _ in tensors],
+                    "dtypes": [d for _, _, d in tensors], "group_name": group_name, "flush_cache": last})
+    """
+
+    def broadcast_ranks(self) -> int: ...
+
+    def join_broadcast(self, *, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                       group_name: str, backend: str) -> None: ...
+
+    def receive_broadcast(self, tensors: Sequence[tuple[str, tuple[int, ...], str]], *, group_name: str,
+                          version: int, last: bool) -> None: ...
+
+
+@runtime_checkable
 class SurvivorNormalizedLoss(Protocol):
     """A loss whose gradient a policy must rescale after the last micro-batch of each optimizer step
     (the in-loss logprob-error filter of ``ClippedPGLoss``: which rows survive is known only after

@@ -342,6 +342,7 @@ def signature_problem(required: inspect.Signature, actual: inspect.Signature) ->
 CAPABILITY_PROTOCOLS: dict[str, type] = {
     "generates_prompts": protocols.PromptSampler,
     "in_flight_weight_updates": protocols.PausesForRefit,
+    "receives_broadcast": protocols.ReceivesBroadcast,
     "runs_agents": RunsAgents,
     "tool_calls": DeclaresTools,
 }
