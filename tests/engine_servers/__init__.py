@@ -1,0 +1,1 @@
+"""Stand-in engine servers for the engine adapters' tests (see base.py)."""
