@@ -22,6 +22,7 @@ from grpo_sdk.core import config as C
 from grpo_sdk.core.async_checks import async_warnings, check_async
 from grpo_sdk.core.episode_checks import check_episodes, episode_warnings
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+from grpo_sdk.core.errors import PluginError
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.reward_checks import check_reward_penalties
@@ -565,8 +566,11 @@ def selected_components(cfg: Any, prefix: str = "") -> list[tuple[str, str, str,
 
 def check_components(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """Each selected component's own check of its options against the rest of the config
-    (``ComponentSpec.check``). A check that raises is reported as that plugin's problem."""
+    (``ComponentSpec.check``). A check that raises is reported as that plugin's problem, except a
+    ``PluginError``: the component cannot be used here (an engine not installed, no GPU for it),
+    raised after the other checks as the selector's problem, so the command exits 3."""
     problems: list[tuple[str, str]] = []
+    unusable: list[str] = []
     for kind, name, path, options in selected_components(cfg) if registry is not None else []:
         info = registry.info(kind, name)
         target = getattr(info.spec, "check", None) if info is not None and info.spec is not None else None
@@ -574,9 +578,13 @@ def check_components(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[st
             continue
         try:
             problems += [(key, message) for key, message in import_target(target)(cfg, options, registry)]
+        except PluginError as exc:
+            unusable.append(f"{path}: {exc}")
         except Exception as exc:  # a plugin's bug must not become a traceback of `config validate`
             problems.append((path, f"the option check of {kind} {name!r} ({target}) failed: "
                              f"{type(exc).__name__}: {exc}"))
+    if unusable:
+        raise PluginError("\n".join(unusable))
     return problems
 
 

@@ -20,6 +20,10 @@ neither torch nor transformers nor ray; the functions that need them import them
 * Metrics: ``sum_micro_batches`` / ``average_optimizer_steps``, how a policy backend combines
   the loss's per-micro-batch metrics (sums; ``_min``/``_max`` keys take the extreme).
 * Files: ``write_text_atomic`` (old content or all of the new, never a part) and ``fsync_dir``.
+* Inference engines: ``HTTPClient`` (JSON to a server, every call under a deadline, errors that
+  name the URL and the setting that holds it) and ``require_engine`` (for a config check: the
+  engine is installed and a GPU is visible, else a ``PluginError``, exit code 3, with the install
+  line).
 * Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
   components whose caller may already run a loop, as in Jupyter).
 * User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
@@ -46,6 +50,7 @@ from typing import Any
 
 from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
 from grpo_sdk.core.config_checks import model_facts
+from grpo_sdk.core.engines import HTTPClient, require_engine
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
@@ -85,6 +90,7 @@ def store_address_op(worker: Any) -> tuple[str, int]:
 
 
 __all__ = [
+    "HTTPClient",
     "LossConfig",
     "MAX_THREADS",
     "MAX_TOKENS",
@@ -104,6 +110,7 @@ __all__ = [
     "non_negative",
     "pick_device",
     "positive",
+    "require_engine",
     "store_address_op",
     "sum_micro_batches",
     "tcp_store",
