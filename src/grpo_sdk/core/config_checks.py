@@ -539,9 +539,15 @@ def _capabilities(registry: Any, kind: str, name: str) -> frozenset[Capability]:
 
 def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
-    cluster.runtime=ray. What else a transport needs it checks itself (``ComponentSpec.check``)."""
+    cluster.runtime=ray, except the built-in ``collective`` with a generation engine that receives
+    the broadcast itself (``receives_broadcast``: an inference server's weight-update group), which
+    the driver serves as rank 0 in one process. What else a transport needs it checks itself
+    (``ComponentSpec.check``)."""
     name = cfg.weight_sync.backend
-    if Capability.RAY_WORKERS in _capabilities(registry, "weight_sync", name) and cfg.cluster.runtime != "ray":
+    engine_receives = (name == "collective" and Capability.RECEIVES_BROADCAST in
+                       _capabilities(registry, "generation", cfg.policy.generation.backend))
+    if (Capability.RAY_WORKERS in _capabilities(registry, "weight_sync", name) and cfg.cluster.runtime != "ray"
+            and not engine_receives):
         return [("weight_sync.backend", f"{name!r} moves weights between Ray workers: it needs "
                  "cluster.runtime=ray. In one process use weight_sync.backend=inprocess (or disk)")]
     return []

@@ -501,7 +501,7 @@ class SupportsShutdown(Protocol):
 
 OPTIONAL_PROTOCOLS: tuple[type, ...] = (Checkpointable, PromptSampler, ReportsMetrics, WeightFileWriter,
                                         WeightFileLoader, SurvivorNormalizedLoss, SupportsShutdown,
-                                        PausesForRefit, AsyncGeneration)
+                                        PausesForRefit, AsyncGeneration, ReceivesBroadcast)
 """Every optional protocol above (the Ray workers report which of their methods a component has)."""
 
 

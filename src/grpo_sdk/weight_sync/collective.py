@@ -39,8 +39,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import attrs
 
-from grpo_sdk.plugins import SyncStats
+from grpo_sdk.plugins import SyncStats, WorkerGroup
 from grpo_sdk.plugins.toolkit import node_ip, store_address_op, tcp_store
+from grpo_sdk.weight_sync import engine_broadcast
 from grpo_sdk.weight_sync.driver import SyncDeadline, require_worker_groups, send_and_receive
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
@@ -303,7 +304,8 @@ def _finish(received: Iterator[Any]) -> int:
 
 
 class CollectiveWeightSync:
-    """Broadcasts policy rank 0's weights to the generation replicas (Ray runtime only); see the module."""
+    """Broadcasts policy rank 0's weights to the generation replicas (Ray runtime), or to engines that
+    receive it themselves (``ReceivesBroadcast``, also in the local runtime: engine_broadcast.py)."""
 
     def __init__(self, config: CollectiveWeightSyncConfig | None, context: Any):
         self.config = config = config or CollectiveWeightSyncConfig()
@@ -314,9 +316,13 @@ class CollectiveWeightSync:
         self.deadline = SyncDeadline.of("collective", config.timeout_s, cluster.call_timeout_s)
         self.group_id: str | None = None
         self.plan: list[Bucket] = []
+        self.bucket_bytes = int(config.bucket_mb * (1 << 20))
+        self.local: engine_broadcast.LocalEngineBroadcast | None = None  # an engine's group, this process rank 0
 
     def sync_weights(self, policy: Any, generation: Any, *, version: int) -> SyncStats:
         start = time.perf_counter()
+        if engine_broadcast.engine_receivers(generation):  # an inference server's own weight-update group
+            return self._sync_engines(policy, generation, version, start)
         require_worker_groups("weight_sync.backend=collective broadcasts between Ray workers", policy, generation,
                               ". In one process use weight_sync.backend=inprocess")
         if self.group_id is None:
@@ -324,11 +330,50 @@ class CollectiveWeightSync:
         return send_and_receive(policy, generation, self.deadline, name="collective", version=version, start=start,
                                 send=(send_op, self.group_id), receive=(receive_op, self.group_id, version))
 
+    def _sync_engines(self, policy: Any, generation: Any, version: int, start: float) -> SyncStats:
+        if not isinstance(policy, WorkerGroup):  # the local runtime: the driver is rank 0
+            if self.local is None:
+                self.local = engine_broadcast.LocalEngineBroadcast(
+                    backend=self.backend, bucket_bytes=self.bucket_bytes, timeout_s=self.deadline.timeout,
+                    master_address=self.config.master_address)
+            return self.local.sync_weights(policy, generation, version=version)
+        if self.group_id is None:
+            self._form_engine_group(policy, generation)
+        calls = (policy.submit(engine_broadcast.send_op, self.group_id, name="collective_send")
+                 + [call for i in range(len(generation.workers))
+                    for call in generation.submit(engine_broadcast.receive_op, self.group_id, self.plan, version,
+                                                  ranks=[i], name="collective_receive")])
+        num_tensors, num_bytes = self.deadline.wait(policy, calls)[0]
+        return SyncStats(version=version, num_tensors=num_tensors, num_bytes=num_bytes,
+                         seconds=time.perf_counter() - start)
+
+    def _form_engine_group(self, policy: Any, generation: Any) -> None:
+        """Policy rank 0 hosts the engines' kind of group; replica i's engine joins after replica i-1's ranks."""
+        wait = self.deadline.wait
+        specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
+        plan = plan_buckets(specs, self.bucket_bytes)
+        address, port = wait(policy, policy.submit(engine_broadcast.address_op, ranks=[0], name="collective_address"))[0]
+        address = self.config.master_address or address
+        ranks = wait(generation, generation.submit(engine_broadcast.ranks_op, name="collective_ranks"))
+        offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
+        name, world_size = f"grpo_sdk_weights_{uuid.uuid4().hex[:12]}", 1 + sum(ranks)
+        calls = (policy.submit(engine_broadcast.join_sender_op, name, address, port, world_size, self.backend,
+                               self.deadline.group_timeout, plan, ranks=[0], name="collective_join")
+                 + [call for i, offset in enumerate(offsets)
+                    for call in generation.submit(engine_broadcast.join_receiver_op, name, address, port, offset,
+                                                  world_size, self.backend, ranks=[i], name="collective_join")])
+        wait(policy, calls)
+        self.plan, self.group_id = plan, name
+
+    def shutdown(self) -> None:
+        if self.local is not None:
+            self.local.shutdown()
+
     def _form_group(self, policy: Any, generation: Any) -> None:
         """The plan from rank 0's ``named_weights``, then every participant joins the broadcast group."""
         wait, timeout = self.deadline.wait, self.deadline.group_timeout
         specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
-        plan = plan_buckets(specs, int(self.config.bucket_mb * (1 << 20)))
+        plan = plan_buckets(specs, self.bucket_bytes)
         host, port = wait(policy, policy.submit(store_address_op, ranks=[0], name="collective_address"))[0]
         group_id = uuid.uuid4().hex[:12]
         size = 1 + len(generation.workers)

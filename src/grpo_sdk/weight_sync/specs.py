@@ -50,6 +50,10 @@ class CollectiveWeightSyncConfig:
     timeout_s: float | None = option(None, "Deadline of one sync, in seconds; null: cluster.call_timeout_s. A "
                                      "participant that does not finish in time is stopped and the run fails with "
                                      "a WorkerError naming it.", validator=attrs.validators.optional(positive))
+    master_address: str | None = option(None, "With a generation engine that receives the broadcast itself "
+                                        "(receives_broadcast: SGLang, TensorRT-LLM, Dynamo servers): the address its "
+                                        "workers reach policy rank 0 at. null: the node's address as Ray knows it "
+                                        "(127.0.0.1 outside Ray, so a server on another machine needs it set).")
 
 
 COLLECTIVE = ComponentSpec(
@@ -59,7 +63,8 @@ COLLECTIVE = ComponentSpec(
     config="grpo_sdk.weight_sync.specs:CollectiveWeightSyncConfig",
     check="grpo_sdk.weight_sync.specs:check_collective",
     capabilities={"ray_workers"},
-    summary="Ray: policy rank 0 broadcasts its weights to every generation replica over a torch.distributed group.",
+    summary="Policy rank 0 broadcasts its weights to every generation replica over a torch.distributed group (Ray; "
+            "or to an inference server's own weight-update group, also in one process).",
 )
 
 

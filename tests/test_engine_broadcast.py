@@ -1,0 +1,135 @@
+"""The collective transport driving an engine's own weight-update group (``ReceivesBroadcast``), in
+the local runtime: the driver is rank 0, the engine a stand-in server in another process
+(tests/engine_servers/refit_server.py: a real model, a real gloo group built the engines' way,
+real HTTP). What this proves: the transport's side of the protocol (group formation at rank
+offsets, one broadcast per listed tensor in the listed order, the last call finishing the update,
+errors and deadlines). What it does not: that a real SGLang / TensorRT-LLM / Dynamo worker joins
+our rank 0 (the stand-in uses the same construction as their source, engine_group.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from engine_servers.base import start_server
+
+from grpo_sdk.backends.hf.policy import HFPolicy
+from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.core.context import RunContext
+from grpo_sdk.plugins.toolkit import HTTPClient
+from grpo_sdk.weight_sync.collective import CollectiveWeightSync
+from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
+
+
+class RefitClient:
+    """Test-only ReceivesBroadcast generation: the transport's counterpart, speaking refit_server's routes."""
+
+    def __init__(self, url: str, timeout_s: float = 30):
+        self.http = HTTPClient(url, timeout_s=timeout_s, what="refit_server")
+
+    def broadcast_ranks(self) -> int:
+        return 1
+
+    def join_broadcast(self, *, master_address, master_port, rank_offset, world_size, group_name, backend):
+        self.http.post("/join", dict(master_address=master_address, master_port=master_port, rank_offset=rank_offset,
+                                     world_size=world_size, group_name=group_name, backend=backend))
+
+    def receive_broadcast(self, tensors, *, group_name, version, last):
+        self.http.post("/receive", {"names": [n for n, _, _ in tensors], "shapes": [list(s) for _, s, _ in tensors],
+                                    "dtypes": [d for _, _, d in tensors], "group_name": group_name,
+                                    "version": version, "last": last})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    server = start_server("refit_server", tiny_model_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def context(tiny_model_dir, registry):
+    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}"], registry)
+    return RunContext(config=cfg, run_dir=tiny_model_dir, model_path=str(tiny_model_dir),
+                      tokenizer_path=str(tiny_model_dir), device="cpu", seed=0, needs_reference=False)
+
+
+def perturbed_policy(context, seed):
+    policy = HFPolicy(None, context)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in policy.model.named_parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.01)
+    return policy
+
+
+def assert_engine_has(server, policy, version):
+    digest = HTTPClient(server.url, timeout_s=30, what="refit_server").get("/digest")
+    assert digest["version"] == version
+    sums = {name: float(t.double().sum()) for name, t in policy.named_weights()}
+    shared = set(sums) & set(digest["sums"])
+    assert len(shared) >= len(sums) - 1  # every weight the policy sends is one the engine has
+    for name in shared:
+        assert digest["sums"][name] == pytest.approx(sums[name], rel=1e-6, abs=1e-6), name
+
+
+def test_the_engine_receives_every_tensor_in_small_batches_and_joins_once(server, context):
+    # bucket_mb tiny: many receive calls per sync, the last one finishing the update.
+    sync = CollectiveWeightSync(CollectiveWeightSyncConfig(bucket_mb=0.05, timeout_s=60), context)
+    client = RefitClient(server.url)
+    for version, seed in ((1, 1), (2, 2)):
+        policy = perturbed_policy(context, seed)
+        stats = sync.sync_weights(policy, client, version=version)
+        assert stats.version == version and stats.num_tensors == len(list(policy.named_weights()))
+        assert stats.num_bytes == sum(t.numel() * t.element_size() for _, t in policy.named_weights())
+        assert_engine_has(server, policy, version)
+    assert len(sync.local.plan) > 3  # several batches
+    assert HTTPClient(server.url, timeout_s=10, what="x").get("/joins") == 1  # the group is formed once
+    sync.shutdown()
+
+
+def test_an_engine_that_rejects_an_update_fails_the_sync_at_once_with_its_message(server, context):
+    sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=60), context)
+    client = RefitClient(server.url)
+    policy = perturbed_policy(context, 3)
+    sync.sync_weights(policy, client, version=1)
+    HTTPClient(server.url, timeout_s=10, what="x").post("/fail_next")
+    start = time.monotonic()
+    with pytest.raises(Exception, match=r"/receive failed: HTTP 400: .*rejected the update of"):
+        sync.sync_weights(policy, client, version=2)
+    assert time.monotonic() - start < 20  # the engine's error, not rank 0's broadcast timing out (60 s)
+    sync.shutdown()
+
+
+def test_an_engine_that_never_answers_is_a_deadline_not_a_hang(context, tiny_model_dir):
+    sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=3), context)
+    dead = start_server("refit_server", tiny_model_dir)
+    dead.process.send_signal(19)  # SIGSTOP: the socket accepts, nothing answers
+    try:
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"no answer from POST .*/join within|did not join the weight-update "
+                                            r"group within 3 s"):
+            sync.sync_weights(perturbed_policy(context, 4), RefitClient(dead.url, timeout_s=3), version=1)
+        assert time.monotonic() - start < 15
+    finally:
+        dead.process.kill()
+        dead.process.wait(timeout=10)
+        sync.shutdown()
+
+
+RECEIVER_SPEC = '''
+from grpo_sdk.plugins import ComponentSpec
+
+GENERATION = ComponentSpec(name="acme", kind="generation", impl="acme_gen.spec:Nothing",
+                           capabilities={"receives_broadcast"})
+'''
+
+
+def test_collective_needs_ray_unless_the_engine_receives_the_broadcast_itself(fake_site):
+    fake_site.add("acme-gen", entry_points={"grpo_sdk.generation": {"acme": "acme_gen.spec:GENERATION"}},
+                  files={"acme_gen/__init__.py": "", "acme_gen/spec.py": RECEIVER_SPEC})
+    engine = fake_site.grpoctl("config", "validate", "policy.generation.backend=acme", "weight_sync.backend=collective")
+    assert engine.returncode == 0, engine.stdout + engine.stderr
+    hf = fake_site.grpoctl("config", "validate", "weight_sync.backend=collective")
+    assert hf.returncode == 2 and "'collective' moves weights between Ray workers" in hf.stderr
