@@ -353,7 +353,6 @@ class CollectiveWeightSync:
         specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
         plan = plan_buckets(specs, self.bucket_bytes)
         address, port = wait(policy, policy.submit(engine_broadcast.address_op, ranks=[0], name="collective_address"))[0]
-        address = self.config.master_address or address
         ranks = wait(generation, generation.submit(engine_broadcast.ranks_op, name="collective_ranks"))
         offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
         name, world_size = f"grpo_sdk_weights_{uuid.uuid4().hex[:12]}", 1 + sum(ranks)

@@ -23,13 +23,14 @@ the same timeout, so a dead or stuck engine fails the sync with its own error, n
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import time
 import uuid
 from typing import Any, Iterator, Sequence
 
 from grpo_sdk.plugins import ReceivesBroadcast, SyncStats
-from grpo_sdk.plugins.toolkit import free_port, node_ip
-from grpo_sdk.weight_sync.engine_group import join_process_group
+from grpo_sdk.plugins.toolkit import node_ip, tcp_store
+from grpo_sdk.weight_sync.engine_group import host_store, join_process_group
 
 STATE_KEY = "grpo_sdk.weight_sync.engine_broadcast"
 
@@ -128,14 +129,14 @@ class LocalEngineBroadcast:
 
         plan = plan_buckets(describe(policy.named_weights()), self.bucket_bytes)
         address = self.master_address or node_ip()
-        port = free_port()
         name = f"grpo_sdk_weights_{uuid.uuid4().hex[:12]}"
         world_size = 1 + int(generation.broadcast_ranks())
+        store, port = host_store(address, world_size=world_size, timeout_s=self.timeout_s)
         joining = self.pool.submit(generation.join_broadcast, master_address=address, master_port=port, rank_offset=1,
                                    world_size=world_size, group_name=name, backend=self.backend)
         hosting = self.pool.submit(join_process_group, backend=self.backend, master_address=address,
                                    master_port=port, world_size=world_size, rank=0, group_name=name,
-                                   timeout_s=self.timeout_s)
+                                   timeout_s=self.timeout_s, store=store)
         group = self._both(hosting, joining, "join the weight-update group")
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         self.plan, self.group, self.group_name = plan, group, name
@@ -148,8 +149,8 @@ class LocalEngineBroadcast:
 
 
 def address_op(worker: Any) -> tuple[str, int]:
-    """Policy rank 0: where the engines reach it (this node's address, a port free a moment ago)."""
-    return node_ip(), free_port()
+    """Policy rank 0: where the engines reach it (a socket on this node's address, kept for its store)."""
+    return worker.store_address()
 
 
 def ranks_op(worker: Any) -> int:
@@ -160,8 +161,10 @@ def join_sender_op(worker: Any, group_name: str, address: str, port: int, world_
                    timeout_s: float, plan: list[Any]) -> None:
     import torch
 
+    store = tcp_store(worker, address, port, is_master=True, world_size=world_size,
+                      timeout=datetime.timedelta(seconds=timeout_s))  # on the node's address only
     group = join_process_group(backend=backend, master_address=address, master_port=port, world_size=world_size,
-                               rank=0, group_name=group_name, timeout_s=timeout_s)
+                               rank=0, group_name=group_name, timeout_s=timeout_s, store=store)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     worker.state[STATE_KEY] = {"name": group_name, "group": group, "device": device, "plan": plan}
 

@@ -14,17 +14,35 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import socket
 from typing import Any
 
 
+def host_store(address: str, *, world_size: int, timeout_s: float) -> tuple[Any, int]:
+    """Rank 0's store, listening on ``address`` only (a rendezvous's store listens on every
+    interface, and anyone who reaches it can write its keys), on a port chosen now: ``(store, port)``.
+    The engines connect to it as the clients of their rendezvous do."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.listen(1024)
+    port = int(sock.getsockname()[1])
+    store = dist.TCPStore(address, port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.detach())
+    return store, port
+
+
 def join_process_group(*, backend: str, master_address: str, master_port: int, world_size: int, rank: int,
-                       group_name: str, timeout_s: float) -> Any:
-    """Join (rank 0: host) the group and return it; every rank must call this within ``timeout_s``."""
+                       group_name: str, timeout_s: float, store: Any = None) -> Any:
+    """Join the group and return it; every rank must call this within ``timeout_s``. ``store``: rank
+    0's own (``host_store``); without it, the rendezvous the engines do (rank 0 then hosts it)."""
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
+    if store is None:
+        store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                                  timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
     # torch 2.6 renamed pg_options to backend_options; the engines pass whichever their torch has.

@@ -50,10 +50,11 @@ class CollectiveWeightSyncConfig:
     timeout_s: float | None = option(None, "Deadline of one sync, in seconds; null: cluster.call_timeout_s. A "
                                      "participant that does not finish in time is stopped and the run fails with "
                                      "a WorkerError naming it.", validator=attrs.validators.optional(positive))
-    master_address: str | None = option(None, "With a generation engine that receives the broadcast itself "
-                                        "(receives_broadcast: SGLang, TensorRT-LLM, Dynamo servers): the address its "
-                                        "workers reach policy rank 0 at. null: the node's address as Ray knows it "
-                                        "(127.0.0.1 outside Ray, so a server on another machine needs it set).")
+    master_address: str | None = option(None, "Local runtime, with a generation engine that receives the broadcast "
+                                        "itself (receives_broadcast: SGLang, TensorRT-LLM, Dynamo servers): the "
+                                        "address of this machine its workers reach; rank 0's store listens there "
+                                        "only. null: 127.0.0.1 (an engine on this machine). On Ray it is always "
+                                        "policy rank 0's node address.")
 
 
 COLLECTIVE = ComponentSpec(
