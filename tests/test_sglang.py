@@ -359,17 +359,24 @@ def test_the_contract_kit_protocols_hold():
     assert check_protocol("generation", "sglang") is SGLangGeneration
 
 
-@pytest.mark.parametrize("transport", ["inprocess", "disk"])
+@pytest.mark.parametrize("transport", ["inprocess", "disk", "collective"])
 def test_the_contract_kit_trains_through_the_server(tmp_path, tiny_model_dir, server, transport):
     """Two GRPO steps of the built-in recipe through the real trainer with the stand-in generating,
-    the weights synced by ``transport``; the kit's probe then checks the server samples the synced
-    weights (version and logprobs)."""
+    the weights synced by ``transport`` (collective: the transport drives SGLang's own update group,
+    this process being rank 0); the kit's probe then checks the server samples the synced weights
+    (version and logprobs)."""
+    from grpo_sdk.plugins.toolkit import HTTPClient
     from grpo_sdk.testing import run_training
 
+    route = {"inprocess": "/update_weights_from_tensor", "disk": "/update_weights_from_disk",
+             "collective": "/update_weights_from_distributed"}[transport]
+    counts = HTTPClient(server.url, timeout_s=10, what="test")
+    before = counts.get("/_standin/counts").get(route, 0)
     rows = run_training("generation", "sglang", [f"policy.generation.sglang.url={server.url}",
                                                  f"weight_sync.backend={transport}"],
                         steps=2, model_dir=tiny_model_dir, run_dir=tmp_path / "run")
     assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0]
+    assert counts.get("/_standin/counts")[route] > before  # the weights took SGLang's route for this transport
 
 
 def test_grpoctl_runs_two_steps_against_the_server(tmp_path, tiny_model_dir, server):
