@@ -77,13 +77,13 @@ class RefitReceiver:
     """One engine worker's side of a grpo-sdk command.
 
     ``load(weights: dict[str, Tensor])`` loads a partial state dict into the engine's model (in
-    TensorRT-LLM: ``model_loader.reload(..., allow_partial_loading=True)``); ``finalize()`` runs the
-    post-load processing and drops cached KV. ``rank`` is the worker's rank in its engine (its rank
+    TensorRT-LLM: ``model_loader.reload(..., allow_partial_loading=True)``); ``finalize(version)`` runs
+    the post-load processing and drops cached KV. ``rank`` is the worker's rank in its engine (its rank
     in the broadcast group is ``rank_offset + rank``). Every command returns ``{"op", "version",
     "tensors"}`` so the caller can check that each worker took the update.
     """
 
-    def __init__(self, load: Callable[[dict[str, Any]], None], finalize: Callable[[], None], *, device: Any,
+    def __init__(self, load: Callable[[dict[str, Any]], None], finalize: Callable[[int], None], *, device: Any,
                  rank: int = 0):
         self.load, self.finalize, self.device, self.rank = load, finalize, device, rank
         self.groups: dict[str, Any] = {}
@@ -102,7 +102,7 @@ class RefitReceiver:
     def _finish(self, body: dict[str, Any], count: int) -> int:
         self.received += count
         if body.get("last", True):
-            self.finalize()
+            self.finalize(int(body["version"]))
             self.version = int(body["version"])
             count, self.received = self.received, 0
         return count

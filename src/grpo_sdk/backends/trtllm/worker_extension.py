@@ -64,7 +64,7 @@ class GrpoWorkerExtension(WorkerExtension):
             self._grpo_loading = True
         model_engine.model_loader.reload(model_engine.model, weights, allow_partial_loading=True)
 
-    def _grpo_finalize(self) -> None:
+    def _grpo_finalize(self, version: int) -> None:
         import torch
 
         finalize = getattr(WorkerExtension, "finalize_weight_update", None)
