@@ -1,0 +1,139 @@
+"""GPU check of the SGLang backend against a REAL SGLang: run on a machine with an NVIDIA GPU and
+``sglang`` installed. NOT YET RUN (written 2026-12 against SGLang 0.5.23; the CPU tests use a
+stand-in server and a fake module, see docs/sglang.md)::
+
+    pip install -e '.[sglang]'  &&  python benchmarks/gpu/check_sglang.py      # a few minutes
+
+A tiny Llama built locally (no model hub) trains 5 GRPO steps with the hf policy on CUDA and SGLang
+generating, once per path; every run must keep generation and policy logprobs together
+(token_mult_prob_error within 2e-3 of 1 at every step) and sample with the last synced weights
+(generation/weight_version 0..4):
+
+1. server mode, ``inprocess`` transport: CUDA tensors as IPC handles in flattened buckets to
+   ``/update_weights_from_tensor`` (the server shares the GPU with the policy);
+2. server mode, ``disk`` transport: ``/update_weights_from_disk``;
+3. server mode, ``collective`` transport (gloo: one GPU cannot hold two NCCL ranks):
+   ``/init_weights_update_group`` + ``/update_weights_from_distributed``;
+4. server mode, colocated sleep/wake (``needs_offload``: ``/release_memory_occupation`` /
+   ``/resume_memory_occupation`` around every training phase);
+5. async GRPO, one step off, refits draining the server (``/pause_generation`` /
+   ``/continue_generation``); an in-flight update is refused by the config check (exit 2), which is
+   checked too: the adapter does not report per-token versions;
+6. engine mode: ``sglang.Engine`` in this process, ``inprocess`` transport.
+
+Each run prints its step time (mean wall seconds per step). One PASS/FAIL line per check; exits
+non-zero on a failure. ``SGLANG_CHECK_SERVER_ARGS`` adds launch_server arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
+
+STEPS = 5
+SERVER_START_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--skip-tokenizer-init", "--enable-memory-saver", "--dtype", "float32",
+            "--mem-fraction-static", "0.3", "--random-seed", "0",
+            *shlex.split(os.environ.get("SGLANG_CHECK_SERVER_ARGS", ""))]
+    process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + SERVER_START_S
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sglang.launch_server exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health_generate", timeout=10) as reply:
+                if reply.status == 200:
+                    return process, url
+        except OSError:
+            time.sleep(2)
+    process.kill()
+    raise RuntimeError(f"sglang.launch_server did not answer within {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
+
+
+def grpo_run(run: Path, common: list[str], extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", str(run),
+                             f"grpo.max_num_steps={STEPS}", *common, *extra], capture_output=True, text=True)
+    metrics = run / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+    return result, rows
+
+
+def check_run(label: str, run: Path, common: list[str], extra: list[str], failures: list[str]) -> None:
+    start = time.time()
+    result, rows = grpo_run(run, common, extra)
+    if result.returncode != 0:
+        check(label, False, result.stderr[-2000:], failures)
+        return
+    errors = [r["token_mult_prob_error"] for r in rows]
+    versions = [r["generation/weight_version"] for r in rows]
+    expected = list(range(STEPS)) if "grpo.async_grpo.enabled=true" not in extra else None
+    ok = len(rows) == STEPS and max(abs(e - 1) for e in errors) < 2e-3 and (expected is None or versions == expected)
+    check(label, ok, f"token_mult_prob_error {[round(e, 5) for e in errors]}, versions {versions}, "
+                     f"step time {(time.time() - start) / max(len(rows), 1):.1f} s (incl. start-up)", failures)
+
+
+def main() -> int:
+    import torch
+
+    failures: list[str] = []
+    assert torch.cuda.is_available(), "this check needs a CUDA device"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = build_llama(tmp / "llama")
+        base = [f"policy.model_name={model}", "cluster.device=cuda", "grpo.val_period=0",
+                "policy.max_total_sequence_length=64", "policy.generation.backend=sglang"]
+        process, url = launch_server(model, tmp / "server.log")
+        try:
+            server = [*base, f"policy.generation.sglang.url={url}"]
+            runs = [("server, inprocess (CUDA IPC buckets)", ["weight_sync.backend=inprocess"]),
+                    ("server, disk", ["weight_sync.backend=disk"]),
+                    ("server, collective (SGLang's update group, gloo)",
+                     ["weight_sync.backend=collective", "weight_sync.collective.backend=gloo"]),
+                    ("server, colocated sleep/wake", ["policy.generation.sglang.needs_offload=true"]),
+                    ("server, async GRPO one step off (draining refits)",
+                     ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"])]
+            for i, (label, extra) in enumerate(runs):
+                check_run(label, tmp / f"run{i}", server, extra, failures)
+            refused, _ = grpo_run(tmp / "refused", server, ["grpo.async_grpo.enabled=true",
+                                                            "grpo.async_grpo.schedule=newest",
+                                                            "grpo.async_grpo.in_flight_weight_updates=true"])
+            check("in-flight update refused by the config check", refused.returncode == 2,
+                  f"exit {refused.returncode}", failures)
+        except RuntimeError as exc:
+            check("sglang.launch_server", False, str(exc), failures)
+        finally:
+            process.terminate()
+            process.wait(60)
+        check_run("engine mode, inprocess", tmp / "engine", base,
+                  ["policy.generation.sglang.mode=engine", "policy.generation.sglang.dtype=float32",
+                   "policy.generation.sglang.mem_fraction_static=0.3"], failures)
+    print(f"\n{len(failures)} failed" if failures else "\nall checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())
