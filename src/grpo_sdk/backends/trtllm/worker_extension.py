@@ -47,10 +47,13 @@ class GrpoWorkerExtension(WorkerExtension):
     def _grpo_receiver(self) -> RefitReceiver:
         receiver = getattr(self, "_grpo_refit_receiver", None)
         if receiver is None:
+            import torch
             import torch.distributed as dist
 
+            # Rank within the engine: TensorRT-LLM's Ray workers form their own default group (TP).
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            receiver = RefitReceiver(self._grpo_load, self._grpo_finalize, device=f"cuda:{self.device_id}", rank=rank)
+            device = f"cuda:{self.device_id}" if torch.cuda.is_available() else "cpu"
+            receiver = RefitReceiver(self._grpo_load, self._grpo_finalize, device=device, rank=rank)
             self._grpo_refit_receiver = receiver
             self._grpo_loading = False
         return receiver
