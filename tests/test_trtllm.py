@@ -260,17 +260,34 @@ def test_the_contract_kit_trains_through_the_server(tmp_path, tiny_model_dir, se
     assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0]
 
 
-def test_grpoctl_runs_two_steps_against_a_fresh_server(tmp_path, tiny_model_dir):
-    """A fresh server: trtllm-serve keeps no weight version, so one that served another run still holds
-    that run's last weights until the first sync (docs/trtllm.md); the module's server has been synced."""
-    fresh = start_server("trtllm_server", tiny_model_dir)
-    try:
-        result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={tiny_model_dir}", "grpo.max_num_steps=2",
-                             "grpo.val_period=0", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-                             "policy.generation.backend=trtllm", "policy.generation.trtllm.mode=server",
-                             f"policy.generation.trtllm.url={fresh.url}", cwd=tmp_path, timeout=300)
-    finally:
-        fresh.stop()
+def test_a_server_left_with_another_runs_weights_is_reloaded_from_the_model(server, context, reference,
+                                                                            tiny_model_dir):
+    """trtllm-serve cannot say which weights it holds: the module's server has been synced above, and a new
+    run's backend first loads policy.model_name's files into it (reload_on_start), so it samples the
+    model's own weights again; without that it would not."""
+    from safetensors.torch import load_file
+
+    stale = client(context, server.url, reload_on_start=False)
+    stale.update_weights(perturbed(context, 9).named_weights(), version=5)  # another run's last weights
+    original = [item for f in sorted(tiny_model_dir.glob("*.safetensors")) for item in load_file(str(f)).items()]
+    reference.load_tensors(original, version=0)
+    sampling = SamplingParams(max_new_tokens=5, seed=3)
+    assert any(tokens != w_tokens or logprobs != pytest.approx(w_logprobs, abs=1e-3)
+               for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(
+                   rows_of(stale.generate(batch(PROMPTS), sampling)), expected(reference, PROMPTS, sampling)))
+    fresh = client(context, server.url)  # reload_on_start=True: the default
+    for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(rows_of(fresh.generate(batch(PROMPTS), sampling)),
+                                                              expected(reference, PROMPTS, sampling)):
+        assert tokens == w_tokens
+        assert logprobs == pytest.approx(w_logprobs, abs=1e-5)
+
+
+def test_grpoctl_runs_two_steps_against_the_server(tmp_path, tiny_model_dir, server):
+    """The module's server holds weights synced by earlier tests; reload_on_start puts the model's back."""
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={tiny_model_dir}", "grpo.max_num_steps=2",
+                         "grpo.val_period=0", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+                         "policy.generation.backend=trtllm", "policy.generation.trtllm.mode=server",
+                         f"policy.generation.trtllm.url={server.url}", cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -40,6 +40,11 @@ class TrtllmConfig:
         "grpo_sdk.backends.trtllm.worker_extension.GrpoWorkerExtension` and `orchestrator_type: ray` in its "
         "--extra_llm_api_options YAML, docs/trtllm.md). It carries the disk and collective weight paths over "
         "trtllm-serve's own /update_weights route; without it only CUDA IPC handles (colocated, CUDA tensors) work.")
+    reload_on_start: bool = option(
+        True, "server mode: load policy.model_name's safetensors into the server before the first generation "
+        "(grpo-sdk's extension, load_file). trtllm-serve keeps no weight version, so a server that served another "
+        "run cannot be told apart from a fresh one and would still hold that run's last weights. The server must "
+        "see the trainer's model directory; false skips this (a fresh server, or a shared filesystem missing).")
     accept_raw_logprobs: bool = option(
         False, "server mode: run even when sampling is filtered (temperature != 1, top_p < 1 or top_k). trtllm-serve "
         "returns RAW logprobs (TensorRT-LLM's LogprobMode.RAW default; its /v1/completions has no field for "

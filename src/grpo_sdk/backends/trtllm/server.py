@@ -23,10 +23,12 @@ is why the config check refuses filtered sampling in this mode unless told other
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_sdk.backends.trtllm.config import TrtllmConfig
 from grpo_sdk.backends.trtllm.generation import Completion, TrtllmGeneration, row_seeds
+from grpo_sdk.backends.trtllm.refit import command
 from grpo_sdk.plugins import GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import HTTPClient
 
@@ -43,6 +45,19 @@ class TrtllmServerGeneration(TrtllmGeneration):
         self.client = HTTPClient(self.config.url, timeout_s=self.config.request_timeout_s, what=URL_KEY)
         self.client.get("/health", timeout_s=HEALTH_TIMEOUT_S)  # fail at setup, not at the first generate
         self.model_name = context.model_path
+        if self.config.reload_on_start and self.config.worker_extension:
+            self.reload_model_files()
+
+    def reload_model_files(self) -> None:
+        """The run's starting weights into the server (it may hold another run's): every safetensors
+        file of the model directory, one load_file command each, the last finishing the update."""
+        files = sorted(Path(self.context.model_path).glob("*.safetensors"))
+        if not files:
+            raise PluginError(f"policy.generation.trtllm.reload_on_start: no *.safetensors file in "
+                              f"{self.context.model_path} to load into the server; set reload_on_start=false if the "
+                              "server was started fresh from this model")
+        for i, path in enumerate(files):
+            self._update(command("load_file", path=str(path.absolute()), version=0, last=i == len(files) - 1))
 
     # --- sampling ----------------------------------------------------------------------------------
 
