@@ -20,7 +20,7 @@ import torch
 from engine_servers.base import EngineModel, start_server
 
 from grpo_sdk.backends.dynamo.config import DynamoConfig
-from grpo_sdk.backends.dynamo.generation import DynamoGeneration
+from grpo_sdk.backends.dynamo.generation import DynamoGeneration, parse_completion
 from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
@@ -239,6 +239,9 @@ def test_config_checks(registry, tmp_path):
                             "policy.generation.dynamo.worker_urls=[http://a:1,http://a:1]")
     assert "not an http(s) URL" in found["policy.generation.dynamo.frontend_url"]
     assert "twice" in found["policy.generation.dynamo.worker_urls"]
+    found = config_problems(registry, "policy.generation.backend=dynamo", "cluster.runtime=ray",
+                            "cluster.generation_workers=2")
+    assert "one client drives the whole deployment" in found["cluster.generation_workers"]
     result = run_grpoctl("config", "validate", "policy.generation.backend=dynamo", cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "policy.generation.dynamo.frontend_url" in result.stderr + result.stdout
@@ -257,3 +260,24 @@ def test_contract_kit_trains_through_the_stand_in_with_the_collective_transport(
         "policy.generation.colocated.enabled=false", "weight_sync.backend=collective",
         "weight_sync.collective.backend=gloo"], steps=2, model_dir=tiny_model_dir)
     assert len(metrics) == 2
+
+
+@pytest.mark.parametrize(("reply", "error"), [
+    ({"choices": []}, "has no choices"),
+    ({"choices": [{"finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0]}}]}, "no nvext.completion_token_ids"),
+    ({"choices": [{"finish_reason": "abort"}], "nvext": {"completion_token_ids": [4]}}, "finish_reason='abort'"),
+    ({"choices": [{"finish_reason": "stop", "logprobs": None}], "nvext": {"completion_token_ids": [4, 5]}},
+     "0 token logprobs for 2 tokens; the workers must run with --enable-rl"),
+])
+def test_a_malformed_completion_reply_is_a_clear_error(reply, error):
+    with pytest.raises(GrpoSdkError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        parse_completion(reply, "http://frontend/v1/completions")
+    ok = {"choices": [{"finish_reason": "length", "logprobs": {"token_logprobs": [-0.5, -1]}}],
+          "nvext": {"completion_token_ids": [4, 5]}}
+    assert parse_completion(ok, "u") == ([4, 5], [-0.5, -1.0], True)
+
+
+def test_tensor_uploads_are_refused(workers, context):
+    gen = client(context, workers[0].url, [workers[0].url])
+    with pytest.raises(PluginError, match="weight_sync.backend=collective"):
+        gen.update_weights([("w", torch.zeros(1))], version=1)

@@ -79,6 +79,10 @@ def check_options(config: Any, options: DynamoConfig, registry: Any) -> list[tup
                          "route is not built here"))
     if options.weight_transfer_backend not in ("nccl", "gloo"):
         problems.append((f"{prefix}.weight_transfer_backend", "must be nccl (a real worker) or gloo (the stand-in)"))
+    if config.cluster.runtime == "ray" and config.cluster.generation_workers != 1:
+        problems.append(("cluster.generation_workers", "must be 1 with the dynamo backend: one client drives the whole "
+                         "deployment (the frontend spreads requests over its workers); several replicas would each "
+                         "join every worker to the weight-update group"))
     async_grpo = config.grpo.async_grpo
     if async_grpo.enabled and async_grpo.in_flight_weight_updates:
         problems.append(("grpo.async_grpo.in_flight_weight_updates", "must be false with the dynamo backend: Dynamo's "
