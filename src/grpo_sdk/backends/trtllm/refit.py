@@ -115,8 +115,6 @@ class RefitReceiver:
         return self._finish(body, len(weights))
 
     def _join(self, body: dict[str, Any]) -> int:
-        from grpo_sdk.weight_sync.engine_group import join_process_group
-
         self.groups[body["group_name"]] = join_process_group(
             backend=body["backend"], master_address=body["master_address"], master_port=int(body["master_port"]),
             world_size=int(body["world_size"]), rank=int(body["rank_offset"]) + self.rank,
@@ -139,12 +137,40 @@ class RefitReceiver:
         return self._finish(body, len(weights))
 
     def _leave(self, body: dict[str, Any]) -> int:
-        from grpo_sdk.weight_sync.engine_group import leave_process_group
+        import torch.distributed as dist
 
         group = self.groups.pop(body["group_name"], None)
         if group is not None:
-            leave_process_group(group)
+            try:
+                dist.destroy_process_group(group)
+            except (AssertionError, RuntimeError, ValueError):  # not registered as torch expects: drop it
+                pass
         return 0
+
+
+def join_process_group(*, backend: str, master_address: str, master_port: int, world_size: int, rank: int,
+                       group_name: str, timeout_s: float) -> Any:
+    """The engine side of the transport's group, built as SGLang's ``init_custom_process_group`` builds it
+    (tcp rendezvous hosted by rank 0, the store prefixed with the group's name,
+    ``_new_process_group_helper``). The same construction as grpo-sdk's
+    ``weight_sync/engine_group.py`` (rank 0's side), which built-in components may not import (only
+    the public plugin API); the stand-in test joins this side to that one over a real gloo group."""
+    import datetime
+    import inspect
+
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                              timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    options = "backend_options" if "backend_options" in inspect.signature(_new_process_group_helper).parameters \
+        else "pg_options"  # torch 2.6 renamed it
+    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
+                                         timeout=timeout, **{options: None})
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
 
 
 def check_replies(replies: Sequence[Any], *, op: str, version: int | None, tensors: int | None, where: str) -> None:
