@@ -256,7 +256,7 @@ def run_grpo(model: Path, frontend: str, worker: str, tmp: Path, failures: list[
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.app", "run", "--run-dir", str(run),
                              f"policy.model_name={model}", "grpo.max_num_steps=5", "grpo.val_period=0",
-                             "cluster.device=cuda", "policy.generation.backend=dynamo",
+                             "cluster.device=cuda", "cluster.gpus_per_node=1", "policy.generation.backend=dynamo",
                              "policy.generation.colocated.enabled=false", f"policy.generation.dynamo.frontend_url={frontend}",
                              f"policy.generation.dynamo.worker_urls=[{worker}]", "policy.generation.dynamo.model_name=tiny",
                              "weight_sync.backend=collective", "weight_sync.collective.backend=nccl"],
