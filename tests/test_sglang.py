@@ -40,17 +40,9 @@ def post(server, path, body):
 
 @pytest.fixture
 def faults(server):
-    """Fault injection on the stand-in, undone after the test."""
-    injected = []
-
-    def inject(**body):
-        injected.append(body)
-        post(server, "/_standin/fault", body)
-
-    yield inject
-    for body in injected:
-        post(server, "/_standin/fault", {"route": body["route"], "status": 0} if "route" in body
-             else {"ignore_weight_version": False})
+    """Fault injection on the stand-in, all undone after the test."""
+    yield lambda **body: post(server, "/_standin/fault", body)
+    post(server, "/_standin/fault", {"reset": True})
 
 
 def make(registry, model_dir, url, *overrides):
@@ -255,7 +247,6 @@ def test_colocated_offload_releases_after_generation_and_resumes_before(registry
 
 def test_pause_drains_the_running_call_and_holds_new_ones_until_resumed(setup):
     from grpo_sdk.core.records import SamplingParams
-    from grpo_sdk.plugins import PluginError
 
     generation, policy, tokenizer, cfg = setup
     inputs = prompt_batch(tokenizer, ["123>"] * 4)
@@ -274,8 +265,69 @@ def test_pause_drains_the_running_call_and_holds_new_ones_until_resumed(setup):
     waiting.join(60)
     running.join(60)
     assert len(done) == 2
-    with pytest.raises(PluginError, match="in_flight_weight_updates=false"):
-        generation.pause_generation(keep_in_flight=True)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["in_place", "retract"])
+def test_an_update_in_flight_lands_between_decode_steps_with_per_token_versions(registry, tiny_model_dir, server,
+                                                                                 faults, recompute):
+    """pause_generation(keep_in_flight=True) -> /pause_generation in_place (or retract with
+    recompute), an update while the batch decodes, /continue_generation: the rows carry both
+    versions (meta_info.weight_versions spans), and each token's logprob is that of the weights
+    that sampled it. With retract the later tokens were sampled from a recomputed cache, so they
+    are exactly the new policy's logprobs; in place they read the old weights' cache, so only the
+    tokens before the update are checked against a policy."""
+    from grpo_sdk.core.records import SamplingParams
+
+    generation, policy, tokenizer, cfg = make(
+        registry, tiny_model_dir, server.url, "policy.optimizer.lr=0.05",
+        f"grpo.async_grpo.recompute_kv_cache_after_weight_updates={str(recompute).lower()}")
+    inputs = prompt_batch(tokenizer, ["12>", "345>", "6>", "7890>"] * 2)
+    start_version = generation.weight_version
+    warm = generation.generate(inputs, SamplingParams(max_new_tokens=6))
+    old = {n: t.detach().clone() for n, t in policy.named_weights()}
+    train_step(policy, cfg, inputs, warm, seed=4)
+    faults(step_delay_s=0.05)
+    done = []
+    running = threading.Thread(target=lambda: done.append(generation.generate(inputs, SamplingParams(
+        max_new_tokens=40))))
+    running.start()
+    time.sleep(0.5)
+    generation.pause_generation(keep_in_flight=True)
+    assert not done  # returned at once, the batch still decoding
+    generation.update_weights(policy.named_weights(), version=start_version + 1)
+    generation.resume_generation(recompute_kv_cache=recompute)
+    running.join(60)
+    out = done[0]
+    assert out.token_weight_versions is not None and out.weight_version == start_version
+    versions = out.token_weight_versions
+    assert set(versions.unique().tolist()) == {start_version, start_version + 1}
+    valid = torch.arange(versions.shape[1])[None] < out.response_lengths[:, None]
+    assert torch.all((versions[:, 1:] >= versions[:, :-1]) | ~valid[:, 1:])  # one switch, forward in time
+    assert torch.all(versions[~valid] == start_version)  # padding: the oldest
+    batch = train_batch(inputs, out)
+    mask = batch.token_mask.bool()
+    prompt_width = inputs.input_ids.shape[1]
+    token_versions = torch.cat([torch.full(inputs.input_ids.shape, -1), versions], 1)
+    new_logprobs = policy.logprobs(batch)
+    with torch.no_grad():
+        for name, tensor in policy.named_weights():
+            tensor.copy_(old[name])
+    old_logprobs = policy.logprobs(batch)
+    before = mask & (token_versions == start_version)
+    torch.testing.assert_close(old_logprobs[before], batch.generation_logprobs[before], atol=1e-4, rtol=0)
+    if recompute:
+        after = mask & (token_versions == start_version + 1)
+        assert after.any() and prompt_width > 0
+        torch.testing.assert_close(new_logprobs[after], batch.generation_logprobs[after], atol=1e-4, rtol=0)
+
+
+def test_in_flight_updates_need_server_mode(registry, tiny_model_dir):
+    from conftest import config_problems
+
+    problems = config_problems(registry, f"policy.model_name={tiny_model_dir}", "policy.generation.backend=sglang",
+                               "policy.generation.sglang.mode=engine", "grpo.async_grpo.enabled=true",
+                               "grpo.async_grpo.schedule=newest", "grpo.async_grpo.in_flight_weight_updates=true")
+    assert "sglang.Engine has no pause_generation" in problems["policy.generation.sglang.mode"]
 
 
 # --- failures -------------------------------------------------------------------------------------
@@ -332,11 +384,6 @@ def test_config_check_refuses_what_sglang_cannot_do(registry, tiny_model_dir):
     assert "policy.generation.sglang.url" in problems
     assert "before top-p renormalises" in problems["policy.generation.top_p"]
     assert "colocated.enabled=true" in problems["policy.generation.sglang.needs_offload"]
-    problems = config_problems(registry, f"policy.model_name={tiny_model_dir}", "policy.generation.backend=sglang",
-                               "policy.generation.sglang.url=http://127.0.0.1:1", "grpo.async_grpo.enabled=true",
-                               "grpo.async_grpo.schedule=newest", "grpo.async_grpo.in_flight_weight_updates=true")
-    assert "per-token" in problems["grpo.async_grpo.in_flight_weight_updates"] or \
-        "in_flight_weight_updates capability" in problems["grpo.async_grpo.in_flight_weight_updates"]
 
 
 def test_engine_mode_without_sglang_exits_3_with_the_install_line(tmp_path):
@@ -387,3 +434,28 @@ def test_grpoctl_runs_two_steps_against_the_server(tmp_path, tiny_model_dir, ser
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows)
+
+
+def test_async_grpo_with_in_flight_updates_runs_against_the_server(tmp_path, tiny_model_dir, server):
+    """Async GRPO (newest schedule, one step off) refitting the server in flight through the real
+    collector: the run finishes and every refit went through /pause_generation (in_place: requests kept
+    in flight) + /continue_generation. Whether an update actually met a running request is timing;
+    the test above places one deterministically."""
+    from grpo_sdk.plugins.toolkit import HTTPClient
+
+    counts = HTTPClient(server.url, timeout_s=10, what="test")
+    before = counts.get("/_standin/counts")
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={tiny_model_dir}", "grpo.max_num_steps=3",
+                         "grpo.val_period=0", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+                         "grpo.async_grpo.enabled=true", "grpo.async_grpo.schedule=newest",
+                         "grpo.async_grpo.in_flight_weight_updates=true", "loss_fn.use_importance_sampling_correction=true",
+                         "policy.generation.backend=sglang", f"policy.generation.sglang.url={server.url}",
+                         # a draining pause would use this mode; an in-flight one in_place (no recompute)
+                         "policy.generation.sglang.pause_generation_mode=retract", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    after = counts.get("/_standin/counts")
+    refits = after.get("/pause_generation", 0) - before.get("/pause_generation", 0)
+    assert refits >= 2 and after["/continue_generation"] - before.get("/continue_generation", 0) == refits
+    assert after["pause mode in_place"] - before.get("pause mode in_place", 0) == refits  # kept in flight

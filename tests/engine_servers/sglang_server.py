@@ -17,8 +17,10 @@ nothing is in flight to abort or retract), and with top-p/top-k its logprobs are
 (SGLang's are not; the adapter's config check refuses those settings). CUDA IPC payloads cannot be
 tested here: CPU tensors arrive by value.
 
-Test-only route: ``POST /_standin/fault`` ``{"route": "/x", "status": 500}`` makes ``/x`` fail;
-``{"ignore_weight_version": true}`` makes updates keep the old version (the adapter must notice).
+Test-only routes: ``POST /_standin/fault`` ``{"route": "/x", "status": 500}`` makes ``/x`` fail;
+``{"ignore_weight_version": true}`` makes updates keep the old version (the adapter must notice);
+``{"step_delay_s": 0.05}`` sleeps between decode steps; ``{"reset": true}`` undoes them all.
+``GET /_standin/counts``: requests per route.
 
     python -m engine_servers.sglang_server --model DIR [--port N] [--memory-saver]
 """
@@ -26,11 +28,13 @@ Test-only route: ``POST /_standin/fault`` ``{"route": "/x", "status": 500}`` mak
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import pickle
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from engine_servers.base import EngineModel, HTTPFailure, main
@@ -84,6 +88,8 @@ class SGLangStandIn:
         self.model = model
         self.memory_saver = memory_saver
         self.version = "default"  # ServerArgs.weight_version's default
+        self.names: dict[int, str] = {0: "default"}  # the model's int versions -> SGLang's strings
+        self.pause_mode = "in_place"
         self.faults: dict[str, int] = {}
         self.ignore_weight_version = False
         self.lock = threading.Lock()  # one model, one request at a time
@@ -131,7 +137,7 @@ class SGLangStandIn:
             raise HTTPFailure(400, f"unknown GenerateReqInput field(s) {sorted(set(body) - GENERATE_FIELDS)}")
         if body.get("stream"):
             raise HTTPFailure(400, "the stand-in does not stream")
-        if not self.resumed.wait(PAUSE_WAIT_S):  # the tokenizer manager holds requests while paused
+        if not self.resumed.wait(PAUSE_WAIT_S):  # the tokenizer manager holds new requests while paused
             raise HTTPFailure(503, "paused too long")
         ids = body.get("input_ids")
         single = bool(ids) and isinstance(ids[0], int)
@@ -141,33 +147,77 @@ class SGLangStandIn:
         for p in params:
             if set(p) - SAMPLING_FIELDS:
                 raise HTTPFailure(400, f"unknown sampling_params field(s) {sorted(set(p) - SAMPLING_FIELDS)}")
-        with self.lock:
+        with self.lock:  # one generation at a time (an update waits for it unless the server is paused)
             if self.model.released:
                 raise HTTPFailure(400, "generate while the memory is released: resume_memory_occupation first")
-            out = [self._one(row, p, bool(body.get("return_logprob"))) for row, p in zip(rows, params)]
+            # Rows with the same unseeded parameters decode as one batch (an in-flight update lands in
+            # all of them); a seeded row decodes alone, from its own seed.
+            out: list[Any] = [None] * len(rows)
+            groups: dict[str, list[int]] = {}
+            for i, p in enumerate(params):
+                key = repr(sorted(p.items())) if p.get("sampling_seed") is None else f"row {i}"
+                groups.setdefault(key, []).append(i)
+            for members in groups.values():
+                done = self._batch([rows[i] for i in members], params[members[0]], bool(body.get("return_logprob")))
+                for i, reply in zip(members, done):
+                    out[i] = reply
         return out[0] if single else out
 
-    def _one(self, row: list[int], p: dict, return_logprob: bool) -> dict:
+    def _batch(self, rows: list[list[int]], p: dict, return_logprob: bool) -> list[dict]:
+        import torch
+
+        from grpo_sdk.plugins import GenerationInput, SamplingParams
+
+        hf = self.model.hf
         top_k = p.get("top_k", -1)
-        done = self.model.generate([row], max_new_tokens=int(p.get("max_new_tokens", 128)),
-                                   temperature=float(p.get("temperature", 1.0)), top_p=float(p.get("top_p", 1.0)),
-                                   top_k=None if top_k in (-1, None) or top_k >= 1 << 30 else int(top_k),
-                                   stop_token_ids=tuple(p.get("stop_token_ids") or ()), seed=p.get("sampling_seed"))[0]
-        finish = ({"type": "length", "length": len(done.tokens)} if done.finish_reason == "length"
-                  else {"type": "stop", "matched": done.tokens[-1]})
-        meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(row),
-                "weight_version": self.version, "num_retractions": 0, "completion_tokens": len(done.tokens),
-                "cached_tokens": 0}
-        if return_logprob:
-            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(done.logprobs, done.tokens)]
-            meta["output_token_logprobs_length"] = len(done.tokens)
-        return {"output_ids": done.tokens, "meta_info": meta}
+        width = max(len(r) for r in rows)
+        inputs = GenerationInput(
+            input_ids=torch.tensor([[hf.pad_token_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long),
+            attention_mask=torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long))
+        result = hf.generate(inputs, SamplingParams(
+            max_new_tokens=int(p.get("max_new_tokens", 128)), temperature=float(p.get("temperature", 1.0)),
+            top_p=float(p.get("top_p", 1.0)), top_k=None if top_k in (-1, None) or top_k >= 1 << 30 else int(top_k),
+            stop_token_ids=tuple(p.get("stop_token_ids") or ()), seed=p.get("sampling_seed")))
+        replies = []
+        for i, n in enumerate(result.response_lengths.tolist()):
+            tokens = result.response_ids[i, :n].tolist()
+            versions = ([result.weight_version] * n if result.token_weight_versions is None
+                        else result.token_weight_versions[i, :n].tolist())
+            finish = ({"type": "length", "length": n} if bool(result.truncated[i])
+                      else {"type": "stop", "matched": tokens[-1]})
+            meta = {"id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(rows[i]),
+                    "num_retractions": 0, "completion_tokens": n, "cached_tokens": 0}
+            # sglang/srt/utils/weight_versions.py: spans of output tokens per version, and the
+            # request's weight_version is the last span's.
+            spans: list[dict] = []
+            for t, v in enumerate(versions or [result.weight_version]):
+                name = self.names.get(v, str(v))
+                if spans and spans[-1]["version"] == name:
+                    spans[-1]["end"] = t + 1
+                else:
+                    spans.append({"version": name, "start": t, "end": t + 1})
+            meta["weight_versions"] = spans
+            meta["weight_version"] = spans[-1]["version"]
+            if return_logprob:
+                meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in
+                                                 zip(result.logprobs[i, :n].tolist(), tokens)]
+                meta["output_token_logprobs_length"] = n
+            replies.append({"output_ids": tokens, "meta_info": meta})
+        return replies
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _set_version(self, version: str | None) -> None:
-        if version is not None and not self.ignore_weight_version:
-            self.version = version
+    def _load(self, named: list, version: str | None) -> None:
+        """Load under the version SGLang was told (weight_version: a string; the model's versions are
+        ints, mapped both ways). SGLang's tokenizer manager waits for running requests unless paused."""
+        if self.ignore_weight_version or version is None:
+            number = self.model.weight_version
+        else:
+            number = int(version) if version.isdigit() else max(self.names) + 1
+            self.names[number] = version
+        with (contextlib.nullcontext() if not self.resumed.is_set() else self.lock):
+            self.model.load_tensors(named, version=number)
+        self.version = self.names.get(number, str(number))
 
     def update_from_tensor(self, body: dict, query: Any) -> dict:
         payloads = body["serialized_named_tensors"]
@@ -179,19 +229,18 @@ class SGLangStandIn:
             named = list(data)
         else:
             raise HTTPFailure(400, f"Unknown load_format={body.get('load_format')}")
-        with self.lock:
-            self.model.load_tensors(named)
-            self._set_version(body.get("weight_version"))
+        self._load(named, body.get("weight_version"))
         return {"success": True, "message": "Success"}
 
     def update_from_disk(self, body: dict, query: Any) -> dict:
-        try:
-            with self.lock:
-                count = self.model.load_directory(body["model_path"])
-                self._set_version(body.get("weight_version"))
-        except FileNotFoundError as exc:
-            raise HTTPFailure(400, f"Failed to update weights: {exc}") from None
-        return {"success": True, "message": f"Succeeded to update model weights ({count} tensors).",
+        from safetensors.torch import load_file
+
+        files = sorted(Path(body["model_path"]).glob("*.safetensors"))
+        if not files:
+            raise HTTPFailure(400, f"Failed to update weights: no *.safetensors file in {body['model_path']}")
+        named = [item for f in files for item in load_file(str(f)).items()]
+        self._load(named, body.get("weight_version"))
+        return {"success": True, "message": f"Succeeded to update model weights ({len(named)} tensors).",
                 "num_paused_requests": 0}
 
     def init_group(self, body: dict, query: Any) -> dict:
@@ -202,10 +251,19 @@ class SGLangStandIn:
         return {"success": True, "message": "Succeeded to initialize custom process group."}
 
     def update_from_distributed(self, body: dict, query: Any) -> dict:
-        with self.lock:
-            self.model.receive(body["names"], body["dtypes"], body["shapes"],
-                               body.get("group_name", "weight_update_group"))
-            self._set_version(body.get("weight_version"))
+        import torch
+        import torch.distributed as dist
+
+        group = self.model.groups.get(body.get("group_name", "weight_update_group"))
+        if group is None:  # weight_updater.py asserts the same
+            raise HTTPFailure(400, f"Group {body.get('group_name')} not in {list(self.model.groups)}. Please call "
+                                   "`init_weights_update_group` first.")
+        received = []
+        for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):  # one broadcast per tensor
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
+            dist.broadcast(tensor, src=0, group=group)
+            received.append((name, tensor))
+        self._load(received, body.get("weight_version"))
         return {"success": True, "message": "Succeeded to update parameter online."}
 
     def destroy_group(self, body: dict, query: Any) -> dict:
@@ -213,7 +271,8 @@ class SGLangStandIn:
         return {"success": True, "message": "Succeeded to destroy custom process group."}
 
     def update_weight_version(self, body: dict, query: Any) -> dict:
-        self._set_version(body["new_version"])
+        if not self.ignore_weight_version:
+            self.version = body["new_version"]
         return {"success": True, "message": f"Weight version updated to {body['new_version']}",
                 "new_version": body["new_version"]}
 
@@ -234,12 +293,22 @@ class SGLangStandIn:
         return None
 
     def pause(self, body: dict, query: Any) -> dict:
-        if body.get("mode", "abort") not in ("abort", "retract", "in_place"):
-            raise HTTPFailure(400, f"mode must be abort, retract or in_place, not {body.get('mode')!r}")
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            raise HTTPFailure(400, f"mode must be abort, retract or in_place, not {mode!r}")
+        if mode == "abort":
+            raise HTTPFailure(400, "the stand-in does not implement mode=abort (the adapter never aborts)")
+        self.pause_mode = mode
+        self.counts[f"pause mode {mode}"] = self.counts.get(f"pause mode {mode}", 0) + 1
+        self.model.hf.pause_generation(keep_in_flight=True)  # running requests stay; an update lands between steps
         self.resumed.clear()
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     def continue_(self, body: dict, query: Any) -> dict:
+        # retract: the running requests go back to the queue and re-prefill under the weights now
+        # loaded (their KV cache recomputed); in_place: they continue on the cache they have.
+        if not self.resumed.is_set():
+            self.model.hf.resume_generation(recompute_kv_cache=self.pause_mode == "retract")
         self.resumed.set()
         return {"message": "Generation continued successfully.", "status": "ok"}
 
@@ -256,6 +325,13 @@ class SGLangStandIn:
                 "startup_time": time.time()}
 
     def fault(self, body: dict, query: Any) -> dict:
+        if body.get("reset"):
+            self.faults.clear()
+            self.ignore_weight_version = False
+            body = {"step_delay_s": 0}
+        if "step_delay_s" in body:  # slow decoding down, so a test can land an update between two steps
+            delay = float(body["step_delay_s"])
+            self.model.hf._between_decode_steps = (lambda t: time.sleep(delay)) if delay else (lambda t: None)
         if "route" in body:
             if body.get("status"):
                 self.faults[body["route"]] = int(body["status"])

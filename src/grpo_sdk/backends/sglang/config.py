@@ -43,8 +43,9 @@ class SGLangConfig:
                                  "generation round (/release_memory_occupation) and resume them before the next. "
                                  "The server must run with --enable-memory-saver (engine mode sets it).")
     pause_generation_mode: Literal["abort", "retract", "in_place"] = option(
-        "in_place", "Mode of /pause_generation around a weight update (async GRPO). The adapter drains its own "
-        "requests first, so nothing is aborted or retracted; in_place keeps the scheduler's state.")
+        "in_place", "Mode of /pause_generation for a draining refit (async GRPO without in-flight updates): the "
+        "adapter waits for its own requests first, so nothing is left to abort or retract. An in-flight refit "
+        "uses in_place, or retract with grpo.async_grpo.recompute_kv_cache_after_weight_updates=true.")
     # --- engine mode: sglang.Engine(...) arguments (ServerArgs fields) ---
     tp_size: int = option(1, "Tensor parallel GPUs of the engine (server mode: read from the server).",
                           validator=attrs.validators.gt(0))
@@ -90,11 +91,11 @@ def check_options(config: Any, options: SGLangConfig, registry: Any) -> list[tup
                          "must be null with SGLang: SGLang reports logprobs before top-k renormalises the "
                          "distribution (sglang/srt/layers/sampler.py), so they would disagree with the policy's"))
     async_grpo = config.grpo.async_grpo
-    if async_grpo.enabled and async_grpo.in_flight_weight_updates:
-        problems.append(("grpo.async_grpo.in_flight_weight_updates",
-                         "must be false with SGLang here: the adapter drains its requests before a weight update "
-                         "(pause_generation keep_in_flight=False); it does not map SGLang's per-span weight "
-                         "versions onto tokens, so it cannot report which weights sampled each token"))
+    if async_grpo.enabled and async_grpo.in_flight_weight_updates and options.mode == "engine":
+        problems.append(("policy.generation.sglang.mode",
+                         "must be server with grpo.async_grpo.in_flight_weight_updates=true: SGLang pauses requests "
+                         "in flight (/pause_generation in_place or retract) on its server only; sglang.Engine has no "
+                         "pause_generation"))
     if options.needs_offload and async_grpo.enabled:
         problems.append(("policy.generation.sglang.needs_offload",
                          "must be false with grpo.async_grpo.enabled=true: a released engine holds no weights or KV "
@@ -103,6 +104,6 @@ def check_options(config: Any, options: SGLangConfig, registry: Any) -> list[tup
         problems.append(("policy.generation.sglang.needs_offload",
                          "needs policy.generation.colocated.enabled=true: releasing the engine's memory only helps "
                          "a policy training on the same GPUs"))
-    if options.mode == "engine":
+    if options.mode == "engine" and not problems:  # a config to fix first (exit 2), then what to install
         require_engine("sglang", INSTALL, gpu=True)  # PluginError: exit 3 before anything starts
     return problems

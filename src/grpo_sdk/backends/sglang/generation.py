@@ -30,8 +30,8 @@ from grpo_sdk.backends.sglang.config import SGLangConfig
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import load_tokenizer
 
-NO_IN_FLIGHT = ("the SGLang backend drains its requests before a weight update (keep_in_flight=False): it does not "
-                "report per-token weight versions; set grpo.async_grpo.in_flight_weight_updates=false")
+NO_IN_FLIGHT = ("sglang.Engine has no pause_generation (SGLang pauses in flight on its server only): use "
+                "policy.generation.sglang.mode=server, or grpo.async_grpo.in_flight_weight_updates=false")
 
 
 class SGLangGeneration:
@@ -68,6 +68,8 @@ class SGLangGeneration:
         self._state = threading.Condition()
         self._running = 0
         self._paused = False
+        self._kept_in_flight = False
+        self.recompute_kv_cache = context.config.grpo.async_grpo.recompute_kv_cache_after_weight_updates
 
     # --- sampling --------------------------------------------------------------------------------
 
@@ -78,8 +80,9 @@ class SGLangGeneration:
             replies = self.engine.generate(request)
         finally:
             self._leave()
-        return protocol.parse_outputs(replies, len(request["input_ids"]), self.pad_token_id, self.weight_version,
-                                      self.where)
+        # Server mode reports which weights sampled each token; sglang.Engine cannot be told versions.
+        return protocol.parse_outputs(replies, len(request["input_ids"]), self.pad_token_id,
+                                      None if self.config.mode == "server" else self.weight_version, self.where)
 
     # --- weights ---------------------------------------------------------------------------------
 
@@ -177,11 +180,21 @@ class SGLangGeneration:
                 pass
         engine.shutdown()
 
-    # --- PausesForRefit (draining only) ------------------------------------------------------------
+    # --- PausesForRefit --------------------------------------------------------------------------
+    # keep_in_flight=True is SGLang's own pause (server only): in_place keeps the running requests
+    # and their KV cache, retract sends them back to the queue to re-prefill under the new weights
+    # after /continue_generation. SGLang picks at pause time; async GRPO's choice is a config key
+    # (grpo.async_grpo.recompute_kv_cache_after_weight_updates), read here at construction.
 
     def pause_generation(self, *, keep_in_flight: bool) -> None:
         if keep_in_flight:
-            raise PluginError(NO_IN_FLIGHT)
+            if self.config.mode != "server":
+                raise PluginError(NO_IN_FLIGHT)
+            with self._state:
+                self._paused = True
+            self.engine.pause_generation("retract" if self.recompute_kv_cache else "in_place")
+            self._kept_in_flight = True
+            return
         deadline = time.monotonic() + self.config.control_timeout_s
         with self._state:
             self._paused = True
@@ -195,7 +208,12 @@ class SGLangGeneration:
         self.engine.pause_generation(self.config.pause_generation_mode)
 
     def resume_generation(self, *, recompute_kv_cache: bool) -> None:
+        if self._kept_in_flight and recompute_kv_cache != self.recompute_kv_cache:
+            raise PluginError(f"resume_generation(recompute_kv_cache={recompute_kv_cache}) after SGLang was paused "
+                              f"with mode={'retract' if self.recompute_kv_cache else 'in_place'}: SGLang decides at "
+                              "pause time (grpo.async_grpo.recompute_kv_cache_after_weight_updates)")
         self.engine.continue_generation()
+        self._kept_in_flight = False
         with self._state:
             self._paused = False
             self._state.notify_all()

@@ -52,10 +52,13 @@ def generate_request(prompts: GenerationInput, sampling: SamplingParams, eos_tok
     return {"input_ids": rows, "sampling_params": params, "return_logprob": True}
 
 
-def parse_outputs(replies: Any, num_rows: int, pad_token_id: int, default_version: int,
+def parse_outputs(replies: Any, num_rows: int, pad_token_id: int, engine_version: int | None,
                   where: str) -> GenerationOutput:
     """The engine's per-prompt dicts as a ``GenerationOutput``; a reply that is not what SGLang
-    answers (or an aborted request) is an error naming ``where``."""
+    answers (or an aborted request) is an error naming ``where``. ``engine_version`` None: the
+    versions are the engine's own (``meta_info.weight_versions``, spans of output tokens per
+    version, ``sglang/srt/utils/weight_versions.py``; ``default`` is the launch weights, version
+    0); a number: every token has it (an engine that cannot be told versions)."""
     if isinstance(replies, dict):
         replies = [replies]
     if not isinstance(replies, list) or len(replies) != num_rows:
@@ -79,24 +82,42 @@ def parse_outputs(replies: Any, num_rows: int, pad_token_id: int, default_versio
         tokens.append(ids)
         logprobs.append([float(t[0]) for t in triples])
         truncated.append(kind == "length")
-        versions.append(version_number(meta.get("weight_version"), default_version))
+        versions.append(token_versions(meta, len(ids)) if engine_version is None else [engine_version] * len(ids))
     width = max((len(t) for t in tokens), default=0)
     response_ids = torch.full((num_rows, width), pad_token_id, dtype=torch.long)
     response_logprobs = torch.zeros((num_rows, width), dtype=torch.float32)
-    for i, (row, row_logprobs) in enumerate(zip(tokens, logprobs)):
+    oldest = min((v for row in versions for v in row), default=engine_version or 0)
+    per_token = torch.full((num_rows, width), oldest, dtype=torch.long)
+    for i, (row, row_logprobs, row_versions) in enumerate(zip(tokens, logprobs, versions)):
         response_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
         response_logprobs[i, :len(row)] = torch.tensor(row_logprobs, dtype=torch.float32)
+        per_token[i, :len(row)] = torch.tensor(row_versions, dtype=torch.long)
+    several = len({v for row in versions for v in row}) > 1
     return GenerationOutput(response_ids=response_ids, response_lengths=torch.tensor([len(t) for t in tokens]),
                             logprobs=response_logprobs, truncated=torch.tensor(truncated, dtype=torch.bool),
-                            weight_version=min(versions, default=default_version))
+                            weight_version=oldest, token_weight_versions=per_token if several else None)
 
 
-def version_number(reported: Any, default: int) -> int:
-    """SGLang's weight_version is a string ("default" until the first update names one)."""
+def token_versions(meta: dict[str, Any], length: int) -> list[int]:
+    """Each output token's version from SGLang's spans (``[{"version", "start", "end"}]``), or
+    the request's ``weight_version`` for all of them when the server sends no spans."""
+    spans = meta.get("weight_versions")
+    if not spans:
+        return [version_number(meta.get("weight_version"))] * length
+    out = [version_number(spans[0]["version"])] * length
+    for span in spans:
+        for t in range(int(span["start"]), min(int(span["end"]), length)):
+            out[t] = version_number(span["version"])
+    return out
+
+
+def version_number(reported: Any) -> int:
+    """SGLang's weight_version is a string: the step this backend named it, or ``default`` (the
+    weights the server was launched with: version 0)."""
     try:
         return int(reported)
     except (TypeError, ValueError):
-        return default
+        return 0
 
 
 # --- weights as tensors ------------------------------------------------------------------------------

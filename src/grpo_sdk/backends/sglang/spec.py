@@ -12,9 +12,11 @@ GENERATION = ComponentSpec(
     # wheel, and the check says so (exit 3) before anything starts.
     requires=(),
     extra="sglang",
-    # The collective transport drives SGLang's own weight-update group (/init_weights_update_group +
-    # /update_weights_from_distributed). Not declared: in_flight_weight_updates (the check refuses it,
-    # docs/sglang.md says why) and cuda_ipc (update_weights re-shares CUDA tensors itself).
-    capabilities={"receives_broadcast"},
+    # receives_broadcast: the collective transport drives SGLang's own weight-update group
+    # (/init_weights_update_group + /update_weights_from_distributed). in_flight_weight_updates: server
+    # mode (/pause_generation in_place | retract, per-token versions from meta_info.weight_versions);
+    # the check refuses it in engine mode. Not declared: cuda_ipc (update_weights re-shares CUDA
+    # tensors over IPC itself).
+    capabilities={"receives_broadcast", "in_flight_weight_updates"},
     summary="Generation on SGLang: a running server over HTTP, or sglang.Engine in this process.",
 )
