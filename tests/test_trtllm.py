@@ -292,3 +292,19 @@ def test_grpoctl_runs_two_steps_against_the_server(tmp_path, tiny_model_dir, ser
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows)
+
+
+def test_async_grpo_one_step_off_drains_for_each_update(tmp_path, tiny_model_dir, server):
+    """Async GRPO without in-flight updates: the collector generates through the server while the policy
+    trains, and each weight update waits for the generation in progress (no pause route is needed)."""
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={tiny_model_dir}", "grpo.max_num_steps=3",
+                         "grpo.val_period=0", "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
+                         "policy.generation.backend=trtllm", "policy.generation.trtllm.mode=server",
+                         f"policy.generation.trtllm.url={server.url}", "grpo.async_grpo.enabled=true",
+                         "grpo.async_grpo.max_trajectory_age_steps=1", "loss_fn.use_importance_sampling_correction=true",
+                         cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    versions = [r["generation/weight_version"] for r in rows]
+    assert [r["step"] for r in rows] == [1, 2, 3] and versions[0] == 0 and versions[-1] >= 1
+    assert all(step - 1 - version <= 1 for step, version in zip((1, 2, 3), versions))  # at most one step old
