@@ -16,9 +16,10 @@ generating, once per path; every run must keep generation and policy logprobs to
    ``/init_weights_update_group`` + ``/update_weights_from_distributed``;
 4. server mode, colocated sleep/wake (``needs_offload``: ``/release_memory_occupation`` /
    ``/resume_memory_occupation`` around every training phase);
-5. async GRPO, one step off, refits draining the server (``/pause_generation`` /
-   ``/continue_generation``); an in-flight update is refused by the config check (exit 2), which is
-   checked too: the adapter does not report per-token versions;
+5. async GRPO, one step off, twice: refits draining the server, and in-flight updates
+   (``/pause_generation`` in_place, the update, ``/continue_generation``; per-token versions from
+   ``meta_info.weight_versions``); both must finish their 5 steps (their token_mult_prob_error is
+   printed, not bounded: the policy trains on rollouts up to a step stale);
 6. engine mode: ``sglang.Engine`` in this process, ``inprocess`` transport.
 
 Each run prints its step time (mean wall seconds per step). One PASS/FAIL line per check; exits
@@ -42,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
 
 STEPS = 5
+ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
+         "loss_fn.use_importance_sampling_correction=true"]
 SERVER_START_S = 600
 
 
@@ -89,8 +92,11 @@ def check_run(label: str, run: Path, common: list[str], extra: list[str], failur
         return
     errors = [r["token_mult_prob_error"] for r in rows]
     versions = [r["generation/weight_version"] for r in rows]
-    expected = list(range(STEPS)) if "grpo.async_grpo.enabled=true" not in extra else None
-    ok = len(rows) == STEPS and max(abs(e - 1) for e in errors) < 2e-3 and (expected is None or versions == expected)
+    # Async runs train on rollouts up to a step old, so the policy's logprobs differ from the sampler's
+    # by that staleness: there only the run finishing and its metrics are checked (and printed).
+    synchronous = "grpo.async_grpo.enabled=true" not in extra
+    ok = len(rows) == STEPS and (not synchronous or (max(abs(e - 1) for e in errors) < 2e-3
+                                                     and versions == list(range(STEPS))))
     check(label, ok, f"token_mult_prob_error {[round(e, 5) for e in errors]}, versions {versions}, "
                      f"step time {(time.time() - start) / max(len(rows), 1):.1f} s (incl. start-up)", failures)
 
@@ -113,15 +119,11 @@ def main() -> int:
                     ("server, collective (SGLang's update group, gloo)",
                      ["weight_sync.backend=collective", "weight_sync.collective.backend=gloo"]),
                     ("server, colocated sleep/wake", ["policy.generation.sglang.needs_offload=true"]),
-                    ("server, async GRPO one step off (draining refits)",
-                     ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1"])]
+                    ("server, async GRPO one step off (draining refits)", ASYNC),
+                    ("server, async GRPO with in-flight updates",
+                     [*ASYNC, "grpo.async_grpo.schedule=newest", "grpo.async_grpo.in_flight_weight_updates=true"])]
             for i, (label, extra) in enumerate(runs):
                 check_run(label, tmp / f"run{i}", server, extra, failures)
-            refused, _ = grpo_run(tmp / "refused", server, ["grpo.async_grpo.enabled=true",
-                                                            "grpo.async_grpo.schedule=newest",
-                                                            "grpo.async_grpo.in_flight_weight_updates=true"])
-            check("in-flight update refused by the config check", refused.returncode == 2,
-                  f"exit {refused.returncode}", failures)
         except RuntimeError as exc:
             check("sglang.launch_server", False, str(exc), failures)
         finally:
