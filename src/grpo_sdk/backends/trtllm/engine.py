@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from grpo_sdk.backends.trtllm.config import TrtllmConfig
 from grpo_sdk.backends.trtllm.generation import Completion, TrtllmGeneration, row_seeds
-from grpo_sdk.backends.trtllm.refit import check_replies, parse_command
+from grpo_sdk.backends.trtllm.refit import check_replies, device_uuid, parse_command
 from grpo_sdk.plugins import GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import background_event_loop
 
@@ -124,11 +124,15 @@ class TrtllmEngineGeneration(TrtllmGeneration):
         return list(self._run(self.llm.collective_rpc(method, args=args)) or [])
 
     def _device_uuid(self, index: int) -> str:
-        # Ask the workers: the key upstream's update_weights looks its handles up by, computed its way.
-        uuids = self._rpc("grpo_device_uuid")
-        if not uuids:
-            raise GrpoSdkError("TensorRT-LLM's workers reported no device UUID")
-        return uuids[min(index, len(uuids) - 1)]
+        """The UUID of the trainer's GPU ``index``, which must be one of the workers' GPUs (verl keys the
+        handles the same way); the workers say which they are on, computed TensorRT-LLM's way."""
+        uuid = device_uuid(index)
+        workers = self._rpc("grpo_device_uuid")
+        if uuid not in workers:
+            raise GrpoSdkError(f"CUDA IPC: the weights are on GPU {uuid}, and TensorRT-LLM's workers are on "
+                               f"{workers}; handles only work on the same GPU (colocate generation with the policy, "
+                               "or use weight_sync.backend=disk or collective)")
+        return uuid
 
     def _update(self, weights: dict[str, str] | None, *, op: str | None = None, version: int | None = None,
                 tensors: int | None = None) -> None:
