@@ -176,7 +176,9 @@ def test_pause_drains_then_holds_new_requests_until_resume_and_refuses_in_flight
     running = threading.Thread(target=lambda: results.update(first=gen.generate(batch(PROMPTS), SamplingParams(
         max_new_tokens=24, seed=1))))
     running.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while not gen._running and time.monotonic() < deadline:  # the generate is in flight (a busy machine is slow)
+        time.sleep(0.01)
     gen.pause_generation(keep_in_flight=False)
     assert "first" in results  # drained: the running generate had finished
     held = threading.Thread(target=lambda: results.update(second=gen.generate(batch(PROMPTS[:1]), SamplingParams(
