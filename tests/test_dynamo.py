@@ -283,3 +283,16 @@ def test_tensor_uploads_are_refused(workers, context):
     gen = client(context, workers[0].url, [workers[0].url])
     with pytest.raises(PluginError, match="weight_sync.backend=collective"):
         gen.update_weights([("w", torch.zeros(1))], version=1)
+
+
+def test_the_stand_in_enforces_the_handlers_rules(workers):
+    """The stand-in refuses what ai-dynamo 1.3.0.post1's BaseWorkerHandler refuses, so an adapter that
+    skipped the pause or sent a bad combination would fail the tests above."""
+    worker = HTTPClient(workers[1].url, timeout_s=10, what="stand-in")
+    unpaused = worker.post("/engine/update_weights_from_distributed", {"engine_rpc": "start_weight_update"})
+    assert unpaused["status"] == "error" and "must be paused" in unpaused["message"]
+    both = worker.post("/engine/update_weights_from_distributed", {"engine_rpc": "start_weight_update",
+                                                                    "allow_unpaused": True, "reset_prefix_cache": True})
+    assert both["status"] == "error" and "cannot reset the prefix cache" in both["message"]
+    assert worker.post("/engine/pause_generation", {"mode": "later"})["status"] == "error"
+    assert "not implemented" in worker.post("/engine/update_weights_from_tensor", {})["message"]
