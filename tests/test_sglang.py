@@ -224,6 +224,23 @@ def test_receive_broadcast_through_sglangs_weight_update_group(setup):
     assert out.weight_version == 9 and got == policy_greedy(policy, inputs, 6, tokenizer.eos_token_id)
 
 
+def test_a_server_holding_an_earlier_runs_weights_is_reloaded_or_refused(registry, tiny_model_dir, server):
+    """A server outlives runs: one whose weight_version is no longer its launch value reloads
+    policy.model_name first (reload_on_start) or is refused."""
+    from grpo_sdk.plugins import PluginError
+    from grpo_sdk.plugins.toolkit import HTTPClient
+
+    generation, policy, tokenizer, cfg = make(registry, tiny_model_dir, server.url)
+    generation.update_weights([(n, torch.zeros_like(t)) for n, t in policy.named_weights()], version=21)
+    with pytest.raises(PluginError, match="holds weights of version '21' from an earlier run"):
+        make(registry, tiny_model_dir, server.url, "policy.generation.sglang.reload_on_start=false")
+    fresh, policy, tokenizer, cfg = make(registry, tiny_model_dir, server.url)
+    assert HTTPClient(server.url, timeout_s=10, what="test").get("/model_info")["weight_version"] == "0"
+    inputs = prompt_batch(tokenizer, ["12345>", "5>"])
+    out, got = greedy(fresh, inputs, 6)
+    assert out.weight_version == 0 and got == policy_greedy(policy, inputs, 6, tokenizer.eos_token_id)
+
+
 # --- colocation, pausing --------------------------------------------------------------------------
 
 

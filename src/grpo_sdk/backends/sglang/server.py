@@ -11,7 +11,7 @@ fields against that wheel):
   ``POST /update_weights_from_distributed``, ``POST /destroy_weights_update_group``: each answers
   ``{"success", "message"}``, HTTP 400 when ``success`` is false;
 * ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` (``tags``; the server runs
-  with ``--enable-memory-saver``), ``POST /flush_cache`` (text; 400 while requests run);
+  with ``--enable-memory-saver``); the cache is flushed by the update requests' ``flush_cache``;
 * ``POST /pause_generation`` (``mode``: abort, retract, in_place) and ``/continue_generation``;
 * ``GET /model_info``: ``weight_version`` (0.5.23 has no ``/get_weight_version`` route; earlier
   releases did), ``GET /server_info``: the resolved server arguments (``tp_size``, ``pp_size``).
@@ -83,9 +83,6 @@ class SGLangServer:
     def weight_version(self) -> str | None:
         info = self.http.get("/model_info")
         return None if not isinstance(info, dict) else info.get("weight_version")
-
-    def flush_cache(self) -> None:
-        self.http.post("/flush_cache")
 
     # --- colocation and refits ----------------------------------------------------------------------
 
