@@ -144,3 +144,30 @@ def test_engine_mode_check_needs_a_gpu_even_with_tensorrt_llm_installed(trt, reg
         pytest.skip("a GPU is visible here")
     with pytest.raises(PluginError, match="tensorrt_llm is installed but no NVIDIA GPU"):
         check_options(cfg, TrtllmConfig(mode="engine"), registry)
+
+
+def test_broadcast_commands_reach_every_worker_and_a_short_count_is_refused(trt, context):
+    """join/receive go to the extension through collective_rpc with the transport's fields; a sync's
+    last call must find every worker holding the version and every tensor of the sync's calls. (The
+    group itself is not formed here: both ends would be in this process; the stand-in test forms it.)"""
+    generation, llm = engine(context, tensor_parallel_size=2)  # the fake runs two workers
+    seen = []
+    for worker in llm.worker_objects:
+        receiver = worker._grpo_receiver()
+        receiver._join = lambda body: seen.append(("join", body["rank_offset"], body["world_size"])) or 0
+        receiver._receive = lambda body, receiver=receiver: receiver._finish(body, len(body["tensors"]))
+        receiver.finalize = lambda version: None
+    generation.join_broadcast(master_address="127.0.0.1", master_port=1234, rank_offset=1, world_size=3,
+                              group_name="g", backend="gloo")
+    assert seen == [("join", 1, 3)] * 2 and generation.broadcast_ranks() == 2
+    generation.receive_broadcast([("a", (2, 2), "float32")], group_name="g", version=1, last=False)
+    generation.receive_broadcast([("b", (2,), "bfloat16"), ("c", (1,), "float32")], group_name="g", version=1,
+                                 last=True)
+    assert generation.weight_version == 1
+    sent = [c["args"][0] for name, c in llm.calls if name == "collective_rpc" and c["method"] == "grpo_refit"]
+    assert sent[-1]["tensors"] == [["b", [2], "bfloat16"], ["c", [1], "float32"]] and sent[-1]["last"] is True
+    short = llm.worker_objects[0]._grpo_receiver()
+    short._receive = lambda body: short._finish(body, len(body["tensors"]) - 1)  # one tensor lost
+    with pytest.raises(GrpoSdkError, match=r"engine worker 0 did not take the weight update \(receive\)"):
+        generation.receive_broadcast([("a", (2, 2), "float32")], group_name="g", version=2, last=True)
+    assert generation.weight_version == 1 and generation.pending_tensors == 0

@@ -102,6 +102,7 @@ class TrtllmGeneration:
         self.weight_version = 0
         self.released = False
         self.rng = random.Random(context.seed)
+        self.pending_tensors = 0  # received in this collective update so far (receive_broadcast)
 
     # --- what a mode provides ----------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class TrtllmGeneration:
         self.prepare_for_generation()  # a released engine holds no weights to update
         named = [(name, tensor.detach()) for name, tensor in weights]
         if named and all(t.is_cuda for _, t in named):
+            torch.cuda.synchronize()  # the engine reads this memory from its own processes
             by_device: dict[int, list[tuple[str, torch.Tensor]]] = {}
             for name, tensor in named:
                 by_device.setdefault(tensor.device.index or 0, []).append((name, tensor))
@@ -196,12 +198,16 @@ class TrtllmGeneration:
         self.prepare_for_generation()
         listed = [[name, list(shape), dtype] for name, shape, dtype in tensors]
         # Per worker, the tensor count of a finished update is every tensor of its calls.
-        self._pending = getattr(self, "_pending", 0) + len(listed)
-        expected = self._pending if last else len(listed)
-        self._update(command("receive", tensors=listed, group_name=group_name, version=version, last=last),
-                     op="receive", version=version if last else None, tensors=expected)
+        self.pending_tensors += len(listed)
+        expected = self.pending_tensors if last else len(listed)
+        try:
+            self._update(command("receive", tensors=listed, group_name=group_name, version=version, last=last),
+                         op="receive", version=version if last else None, tensors=expected)
+        except BaseException:
+            self.pending_tensors = 0  # the next sync starts a new update
+            raise
         if last:
-            self._pending = 0
+            self.pending_tensors = 0
             self.weight_version = version
 
     # --- colocation --------------------------------------------------------------------------------
