@@ -227,6 +227,13 @@ def test_config_checks(registry, tiny_model_dir):
     assert "which weights sampled" in inflight["grpo.async_grpo.in_flight_weight_updates"]
 
 
+def test_a_bad_config_exits_2_naming_the_key(tmp_path):
+    result = run_grpoctl("config", "validate", "policy.generation.backend=trtllm", "policy.generation.trtllm.mode=server",
+                         cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "policy.generation.trtllm.url" in result.stderr and "server mode needs the trtllm-serve URL" in result.stderr
+
+
 def test_engine_mode_without_tensorrt_llm_exits_3_with_the_install_line(tmp_path):
     import importlib.util
 
