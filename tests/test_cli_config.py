@@ -55,7 +55,7 @@ def test_version():
 def test_main_does_not_reuse_a_previous_registry(cli):
     STATE.host, STATE.registry = PluginHost(), Registry([])  # a stale registry with no components
     assert cli("config", "validate")[0] == 0
-    assert STATE.registry.names("generation") == ["hf", "megatron", "vllm"]
+    assert STATE.registry.names("generation") == ["dynamo", "hf", "megatron", "sglang", "trtllm", "vllm"]
 
 
 def test_calls_do_not_leak_into_each_other(cli):

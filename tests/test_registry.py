@@ -207,8 +207,8 @@ def test_a_plugin_claiming_a_builtin_name_conflicts_with_grpo_sdk(fake_site):
 
 def test_unknown_name_suggests_the_closest_installed_one():
     registry = Registry.discover()
-    assert get_error(registry, "hff") == ("no generation backend named 'hff' (did you mean 'hf'?); known: hf, megatron, "
-                                          "vllm "
+    assert get_error(registry, "hff") == ("no generation backend named 'hff' (did you mean 'hf'?); known: dynamo, hf, "
+                                          "megatron, sglang, trtllm, vllm "
                                           "(grpoctl plugins list shows which are usable)")
     assert get_error(registry, "zzz", kind="estimator") == ("no advantage estimator named 'zzz'; known: gdpo, grpo, opd, "
                                                             "reinforce_plus_plus, rloo (grpoctl plugins list shows which "

@@ -198,9 +198,13 @@ def serve(routes: dict[tuple[str, str], Route], *, port: int = 0) -> ThreadingHT
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # http.server listens with a backlog of 5 and resets the connections beyond it; an adapter
+        # sends a request per prompt row at once, as it would to an engine's frontend.
+        request_queue_size = 256
+
+    return Server(("127.0.0.1", port), Handler)
 
 
 def main(build_routes: Callable[[EngineModel, argparse.Namespace], dict[tuple[str, str], Route]],

@@ -206,9 +206,4 @@ def add_arguments(parser: Any) -> None:
 
 
 if __name__ == "__main__":
-    # A frontend takes many concurrent requests (the adapter sends one per prompt row); http.server's
-    # listen backlog of 5 resets the connections beyond it, so this process listens with a deeper one.
-    from http.server import ThreadingHTTPServer
-
-    ThreadingHTTPServer.request_queue_size = 256
     main(build_routes, add_arguments)
