@@ -6,8 +6,9 @@ What these tests prove: the adapter speaks trtllm-serve's wire protocol as its s
 (/v1/completions with token ids, detokenize=false, logprobs=1, include_stop_str_in_output; the RL
 routes /update_weights, /release_memory, /resume_memory), the token ids and logprobs it returns are
 the model's (compared with the same sampler in this process, seed for seed), each of the weight
-paths it declares really changes the served weights (grpo-sdk's worker-extension commands run by
-the same RefitReceiver the real extension runs), and failures are clear errors within a deadline.
+paths it declares really changes the served weights (the commands reach grpo-sdk's real
+``GrpoWorkerExtension`` in the stand-in's process, on FAKE upstream base classes, which joins a real
+gloo group and loads into the real model), and failures are clear errors within a deadline.
 What they do not prove: that a real trtllm-serve (or TensorRT-LLM worker) behaves so. No TensorRT-LLM
 and no GPU run here; the CUDA IPC path is not exercised (the stand-in refuses handles, having no GPU).
 """

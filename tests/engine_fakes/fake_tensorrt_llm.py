@@ -204,8 +204,9 @@ class AsyncLLM:
 LLM = AsyncLLM  # the adapter never constructs LLM; present because `from tensorrt_llm import LLM` works
 
 
-def install(monkeypatch: Any) -> types.ModuleType:
-    """Put the fake in sys.modules under every name the backend imports; returns the top module."""
+def install(monkeypatch: Any = None) -> types.ModuleType:
+    """Put the fake in sys.modules under every name the backend imports; returns the top module.
+    Without ``monkeypatch`` (a stand-in server's own process) the modules stay for the process."""
     names = {
         "tensorrt_llm": dict(AsyncLLM=AsyncLLM, LLM=LLM, SamplingParams=SamplingParams, __version__=__version__),
         "tensorrt_llm.llmapi": dict(KvCacheConfig=KvCacheConfig, SamplingParams=SamplingParams),
@@ -220,7 +221,13 @@ def install(monkeypatch: Any) -> types.ModuleType:
         module.__dict__.update(attrs, FAKE=True)
         module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
         module.__path__ = []
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, "grpo_sdk.backends.trtllm.worker_extension", raising=False)
+        if monkeypatch is None:
+            sys.modules[name] = module
+        else:
+            monkeypatch.setitem(sys.modules, name, module)
+    if monkeypatch is None:
+        sys.modules.pop("grpo_sdk.backends.trtllm.worker_extension", None)
+    else:
+        monkeypatch.delitem(sys.modules, "grpo_sdk.backends.trtllm.worker_extension", raising=False)
     AsyncLLM.instances.clear()
     return sys.modules["tensorrt_llm"]

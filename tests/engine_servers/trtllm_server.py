@@ -20,8 +20,10 @@ What it mirrors of the engine's behaviour, and where that was read:
   they equal the sampling distribution's);
 * the stop token is dropped from ``token_ids`` unless ``include_stop_str_in_output`` (NeMo-RL sets it
   "to keep the EOS / stop token in the returned token_ids");
-* ``/update_weights`` with a ``"grpo_sdk"`` command runs grpo-sdk's own ``RefitReceiver`` (what
-  ``GrpoWorkerExtension`` runs inside a real worker); upstream IPC handles are refused (no GPU here);
+* ``/update_weights`` with a ``"grpo_sdk"`` command calls ``update_weights`` of grpo-sdk's real
+  ``GrpoWorkerExtension`` (as trtllm-serve's ``collective_rpc`` would), mixed here onto the FAKE
+  upstream ``WorkerExtension`` with a fake executor whose ``model_loader.reload`` loads into the
+  model; upstream IPC handles are refused (no GPU here);
 * ``/release_memory`` then generating fails (HTTP 500), as a released engine cannot serve.
 
 Not mirrored: error bodies are the stand-in base's ``{"error": ...}`` (trtllm-serve answers
@@ -49,17 +51,26 @@ def raw_logprobs(model: EngineModel, prompt: list[int], tokens: list[int]) -> li
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
 
 
+def extension_worker(model: EngineModel) -> Any:
+    """grpo-sdk's ``GrpoWorkerExtension`` (the real class) as one engine worker of this process: its
+    upstream bases come from the FAKE ``tensorrt_llm`` (tests/engine_fakes), its ``engine`` is a fake
+    executor whose ``model_loader.reload`` loads into the stand-in's real model."""
+    from engine_fakes import fake_tensorrt_llm as fake
+
+    fake.install()
+    from grpo_sdk.backends.trtllm.worker_extension import GrpoWorkerExtension
+
+    worker = type("StandInRayGPUWorker", (GrpoWorkerExtension,), {})()
+    worker.engine = fake.FakeExecutor(model.hf.model)
+    worker.device_id = 0
+    return worker
+
+
 def build_routes(model: EngineModel, args: Any) -> dict:
-    from grpo_sdk.backends.trtllm.refit import RefitReceiver, parse_command
+    from grpo_sdk.backends.trtllm.refit import parse_command
 
     lock = threading.Lock()  # one engine: requests and weight changes take turns
-    pending: list[tuple[str, Any]] = []
-
-    def finalize(version: int) -> None:  # what finalize_weight_update does: the loaded tensors become the weights
-        model.load_tensors(list(pending), version=version)
-        pending.clear()
-
-    receiver = RefitReceiver(lambda weights: pending.extend(weights.items()), finalize, device="cpu")
+    worker = extension_worker(model)
 
     def completions(body: Any, query: Any) -> dict:
         if not isinstance(body, dict) or "prompt" not in body or "model" not in body:
@@ -116,11 +127,13 @@ def build_routes(model: EngineModel, args: Any) -> dict:
             raise HTTPFailure(500, "CUDA IPC handles need a GPU: the stand-in has none (upstream "
                               "WorkerExtension.update_weights rebuilds CUDA tensors from them)")
         if command["op"] == "join":  # the join blocks until rank 0 joins; it must not hold the engine
-            receiver.run(command)
+            worker.update_weights(weights)
         else:
             with lock:
-                receiver.run(command)
-        return {"status": "success"}
+                reply = worker.update_weights(weights)
+                if command.get("last", True) and reply.get("version") is not None:
+                    model.hf.weight_version = reply["version"]
+        return {"status": "success"}  # what trtllm-serve answers: the worker's reply is dropped
 
     def memory(released: bool):
         def route(body: Any, query: Any) -> dict:
