@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 from engine_servers.base import start_server
+from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
 from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.core.config_loader import load_config
@@ -133,3 +134,41 @@ def test_collective_needs_ray_unless_the_engine_receives_the_broadcast_itself(fa
     assert engine.returncode == 0, engine.stdout + engine.stderr
     hf = fake_site.grpoctl("config", "validate", "weight_sync.backend=collective")
     assert hf.returncode == 2 and "'collective' moves weights between Ray workers" in hf.stderr
+
+
+@pytest.fixture(scope="module")
+def dynamo_workers(tiny_model_dir):
+    servers = [start_server("dynamo_server", tiny_model_dir, "--model-name", "tiny") for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_on_ray_policy_rank_0_broadcasts_into_the_engines_group(ray_cluster, dynamo_workers, tmp_path):
+    """The Ray side of the same protocol, end to end: two FSDP2 policy ranks (both drain
+    named_weights, rank 0 hosts the group and broadcasts), one generation worker whose dynamo
+    backend makes two stand-in engine workers join at ranks 1 and 2; three GRPO steps, each
+    sampling with the weights of the step before (the version and token_mult_prob_error say so)."""
+    from grpo_sdk.plugins.registry import Registry
+    from grpo_sdk.trainer.trainer import GRPOTrainer
+
+    frontend, other = dynamo_workers
+    registry = Registry.discover()
+    cfg = load_config(None, [
+        "grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false",
+        "cluster.runtime=ray", "cluster.policy_workers=2", "cluster.generation_workers=1",
+        "policy.generation.backend=dynamo", f"policy.generation.dynamo.frontend_url={frontend.url}/v1",
+        f"policy.generation.dynamo.worker_urls=[{frontend.url},{other.url}]", "policy.generation.dynamo.model_name=tiny",
+        "policy.generation.dynamo.weight_transfer_backend=gloo", "policy.generation.colocated.enabled=false",
+        "weight_sync.backend=collective", "weight_sync.collective.backend=gloo",
+        "weight_sync.collective.bucket_mb=0.05"], registry)
+    trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
+    steps = []
+    try:
+        trainer.setup()
+        trainer.train(on_step=lambda step, metrics: steps.append(dict(metrics)))
+    finally:
+        trainer.shutdown()
+    assert [m["generation/weight_version"] for m in steps] == [0.0, 1.0, 2.0]
+    for m in steps[1:]:
+        assert abs(m["token_mult_prob_error"] - 1) < 1e-3, m["token_mult_prob_error"]
