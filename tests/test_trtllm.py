@@ -29,7 +29,7 @@ from grpo_sdk.backends.trtllm.refit import command
 from grpo_sdk.backends.trtllm.server import TrtllmServerGeneration
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
-from grpo_sdk.plugins import GenerationInput, GrpoSdkError, SamplingParams
+from grpo_sdk.plugins import GenerationInput, GrpoSdkError, PluginError, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
 from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
@@ -195,6 +195,9 @@ def test_a_failed_update_names_the_route_and_the_servers_message(server, context
     with pytest.raises(GrpoSdkError, match=r"/update_weights failed: HTTP 500: .*CUDA IPC handles need a GPU"):
         generation._update({"GPU-0000": "aGFuZGxlcw=="})  # upstream's IPC payload: the stand-in has no GPU
     assert generation.weight_version == 0
+    upstream_only = client(context, server.url, worker_extension=False)
+    with pytest.raises(PluginError, match="takes CUDA IPC handles only"):
+        upstream_only.update_weights([("w", torch.zeros(2))], version=1)
 
 
 def test_no_server_and_a_server_that_dies_are_clear_errors_within_the_deadline(context, tiny_model_dir):
@@ -223,6 +226,9 @@ def test_config_checks(registry, tiny_model_dir):
     disk = config_problems(registry, *base, url, "policy.generation.trtllm.worker_extension=false",
                            "weight_sync.backend=disk")
     assert "worker extension" in disk["policy.generation.trtllm.worker_extension"]
+    cpu = config_problems(registry, *base, url, "policy.generation.trtllm.worker_extension=false",
+                          "weight_sync.backend=inprocess", "cluster.device=cpu")
+    assert "send CUDA tensors" in cpu["policy.generation.trtllm.worker_extension"]
     inflight = config_problems(registry, *base, url, "grpo.async_grpo.enabled=true",
                                "grpo.async_grpo.in_flight_weight_updates=true")
     assert "which weights sampled" in inflight["grpo.async_grpo.in_flight_weight_updates"]

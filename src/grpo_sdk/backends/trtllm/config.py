@@ -98,11 +98,15 @@ def check_options(config: Any, options: TrtllmConfig, registry: Any) -> list[tup
                              "would not be those the policy computes. Use mode=engine (LogprobMode.PROCESSED), "
                              "unfiltered sampling, or set accept_raw_logprobs=true knowing token_mult_prob_error will "
                              "be off"))
-        if not options.worker_extension and transport in ("disk", "collective"):
+        # inprocess on CUDA tensors takes upstream's IPC path; on the CPU it needs the extension
+        # (with device=auto that is known only at run time, where update_weights says so).
+        if not options.worker_extension and (transport in ("disk", "collective") or
+                                             (transport == "inprocess" and config.cluster.device == "cpu")):
             problems.append(("policy.generation.trtllm.worker_extension",
                              f"weight_sync.backend={transport} reaches trtllm-serve through grpo-sdk's worker "
                              "extension on its /update_weights route; start the server with it (docs/trtllm.md) and "
-                             "set worker_extension=true, or use weight_sync.backend=cuda_ipc (colocated GPUs)"))
+                             "set worker_extension=true, or send CUDA tensors (the policy on the server's GPU: "
+                             "weight_sync.backend=inprocess or cuda_ipc), which upstream's IPC path takes"))
     else:
         if options.url:
             problems.append(("policy.generation.trtllm.url", "is for mode=server; in engine mode the engine runs in "

@@ -156,6 +156,10 @@ class TrtllmGeneration:
             self._update(None)  # finalise: post-load processing, prefix cache reset
             torch.cuda.synchronize()
         else:
+            if self.config.mode == "server" and not self.config.worker_extension:
+                raise PluginError("trtllm-serve without grpo-sdk's worker extension takes CUDA IPC handles only, and "
+                                  "these weights are not all on a GPU; start the server with the extension and set "
+                                  "policy.generation.trtllm.worker_extension=true (docs/trtllm.md)")
             if any(t.is_cuda for _, t in named):
                 named = [(n, t.cpu()) for n, t in named]  # one file, whatever device each tensor was on
             from grpo_sdk.plugins.tensors import write_weights
