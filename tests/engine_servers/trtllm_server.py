@@ -38,7 +38,7 @@ import os
 import threading
 from typing import Any
 
-from engine_servers.base import EngineModel, HTTPFailure, main, serve
+from engine_servers.base import EngineModel, HTTPFailure, main
 
 
 def raw_logprobs(model: EngineModel, prompt: list[int], tokens: list[int]) -> list[float]:
@@ -160,16 +160,5 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--exit-in-generate", action="store_true", help="die inside /v1/completions")
 
 
-def serve_with_backlog(routes: dict, *, port: int = 0) -> Any:
-    """base.serve with a listen backlog like uvicorn's (2048): the adapter sends one request per row,
-    up to 16 at once, and http.server's default backlog of 5 resets the surplus connections."""
-    server = serve(routes, port=port)
-    server.socket.listen(128)
-    return server
-
-
 if __name__ == "__main__":
-    import engine_servers.base as base
-
-    base.serve = serve_with_backlog  # main() looks serve up in its module at call time
     main(build_routes, add_arguments)
