@@ -4,7 +4,7 @@ the local runtime: the driver is rank 0, the engine a stand-in server in another
 real HTTP). What this proves: the transport's side of the protocol (group formation at rank
 offsets, one broadcast per listed tensor in the listed order, the last call finishing the update,
 errors and deadlines). What it does not: that a real SGLang / TensorRT-LLM / Dynamo worker joins
-our rank 0 (the stand-in uses the same construction as their source, engine_group.py)."""
+our rank 0 (the stand-in uses the same construction as their source, core/process_groups.py)."""
 
 from __future__ import annotations
 

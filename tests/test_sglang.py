@@ -183,7 +183,7 @@ def test_receive_broadcast_through_sglangs_weight_update_group(setup):
     while rank 0 broadcasts each tensor, in two batches, the last flushing the cache."""
     import torch.distributed as dist
 
-    from grpo_sdk.weight_sync.engine_group import join_process_group, leave_process_group
+    from grpo_sdk.plugins.toolkit import join_process_group, leave_process_group
 
     generation, policy, tokenizer, cfg = setup
     inputs = prompt_batch(tokenizer, ["8642>", "3>"])

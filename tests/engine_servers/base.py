@@ -112,7 +112,7 @@ class EngineModel:
 
     def join_group(self, *, master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
                    backend: str, timeout_s: float = 60.0) -> None:
-        from grpo_sdk.weight_sync.engine_group import join_process_group
+        from grpo_sdk.plugins.toolkit import join_process_group
 
         self.groups[group_name] = join_process_group(
             backend=backend, master_address=master_address, master_port=master_port, world_size=world_size,
@@ -135,7 +135,7 @@ class EngineModel:
         self.load_tensors(received, version=version)
 
     def leave_group(self, group_name: str) -> None:
-        from grpo_sdk.weight_sync.engine_group import leave_process_group
+        from grpo_sdk.plugins.toolkit import leave_process_group
 
         group = self.groups.pop(group_name, None)
         if group is not None:

@@ -23,7 +23,9 @@ neither torch nor transformers nor ray; the functions that need them import them
 * Inference engines: ``HTTPClient`` (JSON to a server, every call under a deadline, errors that
   name the URL and the setting that holds it) and ``require_engine`` (for a config check: the
   engine is installed and a GPU is visible, else a ``PluginError``, exit code 3, with the install
-  line).
+  line); ``join_process_group`` / ``leave_process_group`` / ``host_store``: a weight-update
+  process group built as the engines build theirs (SGLang's ``init_custom_process_group``), for
+  a trainer's rank 0 or an engine-side receiver.
 * Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
   components whose caller may already run a loop, as in Jupyter).
 * User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
@@ -51,6 +53,7 @@ from typing import Any
 from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
 from grpo_sdk.core.config_checks import model_facts
 from grpo_sdk.core.engines import HTTPClient, require_engine
+from grpo_sdk.core.process_groups import host_store, join_process_group, leave_process_group
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
@@ -101,8 +104,11 @@ __all__ = [
     "check_model_source",
     "dump_config",
     "free_port",
+    "host_store",
     "fsync_dir",
     "import_module_here_too",
+    "join_process_group",
+    "leave_process_group",
     "load_pretrained",
     "load_tokenizer",
     "model_facts",

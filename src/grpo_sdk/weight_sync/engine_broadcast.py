@@ -5,7 +5,7 @@ its own weight-update route: its workers join a process group whose rank 0 is th
 receive one broadcast per tensor, told beforehand the names, shapes and dtypes to expect. The
 transport then plays rank 0 that way instead of packing byte buckets for its own receivers:
 
-* the group is built the engines' way (``engine_group.join_process_group``), named uniquely per
+* the group is built the engines' way (``toolkit.join_process_group``), named uniquely per
   transport instance, at the first sync: rank 0 joins while each generation replica's
   ``join_broadcast`` makes its engine join at its rank offset (replica i's ranks follow replica
   i-1's ``broadcast_ranks()``);
@@ -29,8 +29,7 @@ import uuid
 from typing import Any, Iterator, Sequence
 
 from grpo_sdk.plugins import ReceivesBroadcast, SyncStats
-from grpo_sdk.plugins.toolkit import node_ip, tcp_store
-from grpo_sdk.weight_sync.engine_group import host_store, join_process_group
+from grpo_sdk.plugins.toolkit import host_store, join_process_group, node_ip, tcp_store
 
 STATE_KEY = "grpo_sdk.weight_sync.engine_broadcast"
 

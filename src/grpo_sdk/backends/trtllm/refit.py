@@ -27,6 +27,8 @@ import json
 import pickle
 from typing import Any, Callable, Iterable, Sequence
 
+from grpo_sdk.plugins.toolkit import join_process_group, leave_process_group
+
 COMMAND_KEY = "grpo_sdk"
 WEIGHT_TAGS = ("sampler", "drafter", "guided_decoder", "spec_resource_manager", "model_extra", "executor_extra",
                "model", "draft_model")
@@ -137,40 +139,10 @@ class RefitReceiver:
         return self._finish(body, len(weights))
 
     def _leave(self, body: dict[str, Any]) -> int:
-        import torch.distributed as dist
-
         group = self.groups.pop(body["group_name"], None)
         if group is not None:
-            try:
-                dist.destroy_process_group(group)
-            except (AssertionError, RuntimeError, ValueError):  # not registered as torch expects: drop it
-                pass
+            leave_process_group(group)
         return 0
-
-
-def join_process_group(*, backend: str, master_address: str, master_port: int, world_size: int, rank: int,
-                       group_name: str, timeout_s: float) -> Any:
-    """The engine side of the transport's group, built as SGLang's ``init_custom_process_group`` builds it
-    (tcp rendezvous hosted by rank 0, the store prefixed with the group's name,
-    ``_new_process_group_helper``). The same construction as grpo-sdk's
-    ``weight_sync/engine_group.py`` (rank 0's side), which built-in components may not import (only
-    the public plugin API); the stand-in test joins this side to that one over a real gloo group."""
-    import datetime
-    import inspect
-
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
-    store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    options = "backend_options" if "backend_options" in inspect.signature(_new_process_group_helper).parameters \
-        else "pg_options"  # torch 2.6 renamed it
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
-                                         timeout=timeout, **{options: None})
-    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    return group
 
 
 def check_replies(replies: Sequence[Any], *, op: str, version: int | None, tensors: int | None, where: str) -> None:

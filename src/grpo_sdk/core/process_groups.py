@@ -7,7 +7,9 @@ NeMo-RL, SkyRL): a torch ``rendezvous`` at ``tcp://master_address:master_port`` 
 trainer) hosts the store, the store prefixed with the group's name, then torch's
 ``_new_process_group_helper``. Policy rank 0 must build its side exactly so, or the two ends wait
 for keys the other never writes; this is that one construction, used by the ``collective``
-transport (rank 0) and by the test servers that stand in for the engines (tests/engine_servers).
+transport (rank 0), by the engine side of backends that run their own receiver (TensorRT-LLM's
+worker extension) and by the test servers that stand in for the engines (tests/engine_servers).
+Public through ``grpo_sdk.plugins.toolkit``.
 """
 
 from __future__ import annotations
