@@ -172,3 +172,31 @@ def test_on_ray_policy_rank_0_broadcasts_into_the_engines_group(ray_cluster, dyn
     assert [m["generation/weight_version"] for m in steps] == [0.0, 1.0, 2.0]
     for m in steps[1:]:
         assert abs(m["token_mult_prob_error"] - 1) < 1e-3, m["token_mult_prob_error"]
+
+
+class VLLMPeerStub(RefitClient):
+    """Test-only: an engine whose workers would build vLLM's kind of group (Dynamo's)."""
+
+    broadcast_peer = "vllm"
+
+    def join_broadcast(self, **kwargs):
+        pass  # nothing to reach: rank 0 fails first
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_an_engine_with_vllms_kind_of_group_needs_vllm_on_the_trainer(context):
+    sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=30), context)
+    start = time.monotonic()
+    with pytest.raises(Exception, match=r"rank 0 needs vllm installed: pip install 'grpo-sdk\[vllm\]'"):
+        sync.sync_weights(perturbed_policy(context, 5), VLLMPeerStub("http://127.0.0.1:9"), version=1)
+    assert time.monotonic() - start < 10
+    sync.shutdown()
+
+
+def test_an_unknown_kind_of_group_is_refused(context):
+    stub = VLLMPeerStub("http://127.0.0.1:9")
+    stub.broadcast_peer = "mpi"
+    sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=30), context)
+    with pytest.raises(ValueError, match="broadcast_peer must be one of torch, vllm, got 'mpi'"):
+        sync.sync_weights(perturbed_policy(context, 6), stub, version=1)
+    sync.shutdown()

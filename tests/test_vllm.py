@@ -181,3 +181,29 @@ def test_multi_turn_episodes_are_trained_on_the_tokens_vllm_saw(registry, model_
     assert int(mask.sum()) == sum(len(m.token_ids) for e in episodes for m in e.log if m.generation_logprobs is not None)
     torch.testing.assert_close(policy.logprobs(train)[mask], train.generation_logprobs[mask], atol=1e-4, rtol=0)
     generation.shutdown()
+
+
+@needs_vllm
+def test_the_vllm_peer_rank_0_is_vllms_own_construction_with_its_signatures():
+    """The collective transport's rank 0 for engines whose workers build vLLM's weight-transfer group
+    (Dynamo's dynamo.vllm): ``VLLMSender`` makes the calls vLLM's own trainer side makes
+    (``nccl_common.stateless_init_process_group``: ``StatelessProcessGroup.create`` then
+    ``PyNcclCommunicator``) with arguments vLLM's signatures accept, and broadcasts as vLLM's
+    trainer engine does. NOT a run: NCCL needs CUDA, which this lane has not; no real Dynamo or vLLM
+    worker has joined it (docs/engines.md)."""
+    import inspect
+
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+    from vllm.distributed.weight_transfer import nccl_common, nccl_engine
+
+    from grpo_sdk.weight_sync import engine_broadcast
+
+    trainer_side = inspect.getsource(nccl_common.stateless_init_process_group)
+    assert "StatelessProcessGroup.create(" in trainer_side and "PyNcclCommunicator(pg, device=device)" in trainer_side
+    assert "self.model_update_group.broadcast(send, src=0, stream=stream)" in inspect.getsource(nccl_engine)
+    ours = inspect.getsource(engine_broadcast.VLLMSender)
+    assert "StatelessProcessGroup.create(host=address, port=port, rank=0, world_size=world_size)" in ours
+    inspect.signature(StatelessProcessGroup.create).bind(host="127.0.0.1", port=1, rank=0, world_size=2)
+    inspect.signature(PyNcclCommunicator).bind(object(), device="cuda:0")
+    inspect.signature(PyNcclCommunicator.broadcast).bind(object(), object(), src=0, stream=None)

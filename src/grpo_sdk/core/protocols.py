@@ -373,6 +373,12 @@ class ReceivesBroadcast(Protocol):
     the last with ``last=True``: then the engine finishes the update (drops cached KV, runs
     post-load processing) and ``generate`` reports ``weight_version == version``.
 
+    Which kind of group the engine's workers build is the optional attribute ``broadcast_peer``:
+    ``"torch"`` (the default: a torch process group built as SGLang's ``init_custom_process_group``
+    builds it, ``grpo_sdk.plugins.toolkit.join_process_group``) or ``"vllm"`` (vLLM's
+    ``StatelessProcessGroup`` + ``PyNcclCommunicator``, what vLLM's NCCL weight-transfer engine
+    joins; rank 0 then needs vllm and CUDA). Rank 0 builds its end to match.
+
     Example (a client of an SGLang server)::
 
         class SGLangGeneration:

@@ -352,11 +352,17 @@ class CollectiveWeightSync:
         wait = self.deadline.wait
         specs = wait(policy, policy.submit(describe_op, name="collective_describe"))[0]
         plan = plan_buckets(specs, self.bucket_bytes)
-        address, port = wait(policy, policy.submit(engine_broadcast.address_op, ranks=[0], name="collective_address"))[0]
+        peers = set(wait(generation, generation.submit(engine_broadcast.peer_op, name="collective_peer")))
+        if len(peers) != 1:
+            raise ValueError(f"collective weight sync: the generation replicas' engines build different kinds of "
+                             f"weight-update group ({', '.join(sorted(peers))}); one group needs one kind")
+        peer = peers.pop()
+        address, port = wait(policy, policy.submit(engine_broadcast.address_op, peer, ranks=[0],
+                                                   name="collective_address"))[0]
         ranks = wait(generation, generation.submit(engine_broadcast.ranks_op, name="collective_ranks"))
         offsets = [1 + sum(ranks[:i]) for i in range(len(ranks))]
         name, world_size = f"grpo_sdk_weights_{uuid.uuid4().hex[:12]}", 1 + sum(ranks)
-        calls = (policy.submit(engine_broadcast.join_sender_op, name, address, port, world_size, self.backend,
+        calls = (policy.submit(engine_broadcast.join_sender_op, peer, name, address, port, world_size, self.backend,
                                self.deadline.group_timeout, plan, ranks=[0], name="collective_join")
                  + [call for i, offset in enumerate(offsets)
                     for call in generation.submit(engine_broadcast.join_receiver_op, name, address, port, offset,

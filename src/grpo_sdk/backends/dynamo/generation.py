@@ -159,6 +159,12 @@ class DynamoGeneration:
 
     # --- weights (ReceivesBroadcast) -------------------------------------------------------------
 
+    @property
+    def broadcast_peer(self) -> str:
+        """The workers' weight-transfer engine is vLLM's (NCCL): rank 0 must be vLLM's kind of group.
+        The stand-in's gloo group is a torch one."""
+        return "vllm" if self.config.weight_transfer_backend == "nccl" else "torch"
+
     def broadcast_ranks(self) -> int:
         return len(self.workers) * self.config.ranks_per_worker
 
@@ -168,10 +174,10 @@ class DynamoGeneration:
 
         Against real workers (``nccl``) the payload is exactly NeMo-RL's: vLLM's weight-transfer
         engine builds one unnamed StatelessProcessGroup + PyNcclCommunicator, so ``group_name`` is
-        not sent. NOTE: that group is vLLM's own rendezvous, which the trainer side must match with
-        vLLM's ``NCCLWeightTransferEngine.trainer_init`` (docs/dynamo.md, "Known gap"). With
-        ``gloo`` (the stand-in only: vLLM's engine is NCCL-only) ``init_info`` also names the
-        torch group, which the stand-in's torch construction needs."""
+        not sent, and ``broadcast_peer`` tells the transport to build rank 0 the same way (vLLM's
+        trainer-side construction; needs vllm on the trainer). With ``gloo`` (the stand-in only:
+        vLLM's engine is NCCL-only) ``init_info`` also names the torch group, which the stand-in's
+        torch construction needs."""
         if backend != self.config.weight_transfer_backend:
             raise PluginError(f"the collective transport uses {backend!r} but the Dynamo workers were started with "
                               f"weight-transfer backend {self.config.weight_transfer_backend!r} "
