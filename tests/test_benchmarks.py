@@ -205,3 +205,14 @@ def test_endpoint_overhead_bad_options_exit_2():
     proc = subprocess.run([sys.executable, str(BENCH / "endpoint_overhead.py"), "--rollouts", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "--rollouts must be a positive multiple of 16" in proc.stderr
+
+
+def test_the_gpu_checks_import_on_a_machine_without_a_gpu():
+    """The GPU checks cannot run here, but each must at least import (names, helpers shared through
+    check_vllm / grpo_runs), so a maintainer with a GPU does not meet a NameError first."""
+    checks = sorted(p.stem for p in (BENCH / "gpu").glob("*.py"))
+    assert {"check_sglang", "check_trtllm", "check_dynamo", "grpo_runs"} <= set(checks)
+    code = f"import sys; sys.path.insert(0, {str(BENCH / 'gpu')!r}); " + "; ".join(f"import {c}" for c in checks)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]

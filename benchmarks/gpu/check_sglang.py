@@ -28,7 +28,6 @@ non-zero on a failure. ``SGLANG_CHECK_SERVER_ARGS`` adds launch_server arguments
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import socket
@@ -41,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
+from grpo_runs import check_run  # noqa: E402 - the GRPO-run check the engine checks share
 
-STEPS = 5
 ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
          "loss_fn.use_importance_sampling_correction=true"]
 SERVER_START_S = 600
@@ -74,31 +73,6 @@ def launch_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(2)
     process.kill()
     raise RuntimeError(f"sglang.launch_server did not answer within {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
-
-
-def grpo_run(run: Path, common: list[str], extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", str(run),
-                             f"grpo.max_num_steps={STEPS}", *common, *extra], capture_output=True, text=True)
-    metrics = run / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-    return result, rows
-
-
-def check_run(label: str, run: Path, common: list[str], extra: list[str], failures: list[str]) -> None:
-    start = time.time()
-    result, rows = grpo_run(run, common, extra)
-    if result.returncode != 0:
-        check(label, False, result.stderr[-2000:], failures)
-        return
-    errors = [r["token_mult_prob_error"] for r in rows]
-    versions = [r["generation/weight_version"] for r in rows]
-    # Async runs train on rollouts up to a step old, so the policy's logprobs differ from the sampler's
-    # by that staleness: there only the run finishing and its metrics are checked (and printed).
-    synchronous = "grpo.async_grpo.enabled=true" not in extra
-    ok = len(rows) == STEPS and (not synchronous or (max(abs(e - 1) for e in errors) < 2e-3
-                                                     and versions == list(range(STEPS))))
-    check(label, ok, f"token_mult_prob_error {[round(e, 5) for e in errors]}, versions {versions}, "
-                     f"step time {(time.time() - start) / max(len(rows), 1):.1f} s (incl. start-up)", failures)
 
 
 def main() -> int:

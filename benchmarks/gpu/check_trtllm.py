@@ -29,7 +29,6 @@ server command's prefix (default ``trtllm-serve serve``), ``TRTLLM_CHECK_SERVE_A
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -41,32 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
+from grpo_runs import check_run, grpo_run  # noqa: E402 - the GRPO-run check the engine checks share
 
-STEPS = 5
 SERVER_START_S = 900
 EXTENSION = "grpo_sdk.backends.trtllm.worker_extension.GrpoWorkerExtension"
-
-
-def grpo_run(run: Path, common: list[str], extra: list[str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    result = subprocess.run([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", str(run),
-                             f"grpo.max_num_steps={STEPS}", *common, *extra], capture_output=True, text=True)
-    metrics = run / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-    return result, rows
-
-
-def check_run(label: str, run: Path, common: list[str], extra: list[str], failures: list[str]) -> None:
-    start = time.time()
-    result, rows = grpo_run(run, common, extra)
-    if result.returncode != 0:
-        check(label, False, result.stderr[-2000:], failures)
-        return
-    errors = [r["token_mult_prob_error"] for r in rows]
-    versions = [r["generation/weight_version"] for r in rows]
-    one_off = "grpo.async_grpo.enabled=true" in extra
-    ok = len(rows) == STEPS and max(abs(e - 1) for e in errors) < 2e-3 and (one_off or versions == list(range(STEPS)))
-    check(label, ok, f"token_mult_prob_error {[round(e, 5) for e in errors]}, versions {versions}, "
-                     f"step time {(time.time() - start) / max(len(rows), 1):.1f} s (incl. engine start)", failures)
 
 
 def launch_server(model: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
