@@ -214,6 +214,34 @@ def prompt_batch(tokenizer, texts):
     return GenerationInput(input_ids=ids, attention_mask=mask)
 
 
+def token_rows(rows, pad_token_id=0):
+    """Left-padded ``GenerationInput`` of token-id lists (the engine tests' prompts)."""
+    import torch
+
+    from grpo_sdk.core.records import GenerationInput
+
+    width = max(len(r) for r in rows)
+    return GenerationInput(input_ids=torch.tensor([[pad_token_id] * (width - len(r)) + list(r) for r in rows]),
+                           attention_mask=torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]))
+
+
+def response_rows(out):
+    """``(tokens, logprobs, truncated)`` of each row of a ``GenerationOutput``, padding removed."""
+    return [(out.response_ids[i, :n].tolist(), out.logprobs[i, :n].tolist(), bool(out.truncated[i]))
+            for i, n in enumerate(out.response_lengths.tolist())]
+
+
+def tiny_run_context(model_dir, registry, **fields):
+    """The ``RunContext`` a backend gets for the tiny model, on the CPU, seed 0 (``fields`` override)."""
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.core.context import RunContext
+
+    cfg = load_config(None, [f"policy.model_name={model_dir}"], registry)
+    return RunContext(**{"config": cfg, "run_dir": model_dir, "model_path": str(model_dir),
+                         "tokenizer_path": str(model_dir), "device": "cpu", "seed": 0, "needs_reference": False,
+                         **fields})
+
+
 def train_batch(inputs, out):
     """A ``TrainBatch`` of prompts + sampled responses (loss on the response tokens only)."""
     import torch

@@ -22,14 +22,12 @@ from engine_servers.base import EngineModel, start_server
 from grpo_sdk.backends.dynamo.config import DynamoConfig
 from grpo_sdk.backends.dynamo.generation import DynamoGeneration, parse_completion
 from grpo_sdk.backends.hf.policy import HFPolicy
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.plugins import GenerationInput, GrpoSdkError, PausesForRefit, PluginError, ReceivesBroadcast, SamplingParams
+from grpo_sdk.plugins import GrpoSdkError, PausesForRefit, PluginError, ReceivesBroadcast, SamplingParams
 from grpo_sdk.plugins.toolkit import HTTPClient, free_port
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
-from conftest import config_problems, run_grpoctl
+from conftest import config_problems, response_rows, run_grpoctl, tiny_run_context, token_rows
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -44,10 +42,8 @@ def workers(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def context(tiny_model_dir, registry, reference):
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}"], registry)
-    return RunContext(config=cfg, run_dir=tiny_model_dir, model_path=str(tiny_model_dir), tokenizer_path=str(tiny_model_dir),
-                      device="cpu", seed=0, needs_reference=False, pad_token_id=reference.pad_token_id,
-                      eos_token_id=reference.eos_token_id)
+    return tiny_run_context(tiny_model_dir, registry, pad_token_id=reference.pad_token_id,
+                            eos_token_id=reference.eos_token_id)
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +58,6 @@ def client(context, frontend, worker_urls, **options):
     return DynamoGeneration(DynamoConfig(frontend_url=frontend, worker_urls=list(worker_urls), **options), context)
 
 
-def batch(rows):
-    width = max(len(r) for r in rows)
-    return GenerationInput(input_ids=torch.tensor([[0] * (width - len(r)) + r for r in rows]),
-                           attention_mask=torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]))
-
-
-def rows_of(out):
-    return [(out.response_ids[i, :n].tolist(), out.logprobs[i, :n].tolist(), bool(out.truncated[i]))
-            for i, n in enumerate(out.response_lengths.tolist())]
 
 
 def test_logprobs_are_the_models_processed_logprobs(workers, context, tiny_model_dir, reference):
@@ -80,9 +67,9 @@ def test_logprobs_are_the_models_processed_logprobs(workers, context, tiny_model
 
     gen = client(context, workers[0].url, [workers[0].url])
     assert isinstance(gen, ReceivesBroadcast) and isinstance(gen, PausesForRefit)
-    out = gen.generate(batch(PROMPTS), SamplingParams(max_new_tokens=8, temperature=0.7))
+    out = gen.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=8, temperature=0.7))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
-    for prompt, (tokens, logprobs, truncated) in zip(PROMPTS, rows_of(out)):
+    for prompt, (tokens, logprobs, truncated) in zip(PROMPTS, response_rows(out)):
         assert tokens and truncated == (len(tokens) == 8 and tokens[-1] != reference.eos_token_id)
         with torch.no_grad():
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
@@ -94,24 +81,24 @@ def test_logprobs_are_the_models_processed_logprobs(workers, context, tiny_model
 def test_seeded_top_k_top_p_equal_the_hf_sampler_and_repeat(workers, context, reference):
     gen = client(context, workers[0].url, [workers[0].url])
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=5, top_p=0.9, seed=11)
-    first, again = rows_of(gen.generate(batch(PROMPTS), sampling)), rows_of(gen.generate(batch(PROMPTS), sampling))
+    first, again = response_rows(gen.generate(token_rows(PROMPTS), sampling)), response_rows(gen.generate(token_rows(PROMPTS), sampling))
     assert [r[0] for r in first] == [r[0] for r in again]
     for i, (prompt, (tokens, logprobs, truncated)) in enumerate(zip(PROMPTS, first)):
         expected = reference.generate([prompt], max_new_tokens=6, top_k=5, top_p=0.9, seed=11 + i)[0]
         assert tokens == expected.tokens and truncated == (expected.finish_reason == "length")
         assert logprobs == pytest.approx(expected.logprobs, abs=1e-5)
-    other = rows_of(gen.generate(batch(PROMPTS), SamplingParams(max_new_tokens=6, top_k=5, top_p=0.9, seed=12)))
+    other = response_rows(gen.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=6, top_k=5, top_p=0.9, seed=12)))
     assert [r[0] for r in other] != [r[0] for r in first]
 
 
 def test_stop_tokens_end_the_response_and_are_included_and_length_truncates(workers, context, reference):
     gen = client(context, workers[0].url, [workers[0].url])
-    long = rows_of(gen.generate(batch(PROMPTS[:1]), SamplingParams(max_new_tokens=8, seed=3)))[0][0]
+    long = response_rows(gen.generate(token_rows(PROMPTS[:1]), SamplingParams(max_new_tokens=8, seed=3)))[0][0]
     stop = long[2]
-    tokens, _, truncated = rows_of(gen.generate(batch(PROMPTS[:1]), SamplingParams(max_new_tokens=8, seed=3,
+    tokens, _, truncated = response_rows(gen.generate(token_rows(PROMPTS[:1]), SamplingParams(max_new_tokens=8, seed=3,
                                                                                    stop_token_ids=(stop,))))[0]
     assert tokens == long[:long.index(stop) + 1] and tokens[-1] == stop and not truncated
-    short = rows_of(gen.generate(batch(PROMPTS), SamplingParams(max_new_tokens=2, seed=3)))
+    short = response_rows(gen.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=2, seed=3)))
     assert all(len(t) <= 2 for t, _, _ in short)
     assert all(tr == (len(t) == 2 and t[-1] != reference.eos_token_id) for t, _, tr in short)
 
@@ -135,7 +122,7 @@ def test_collective_sync_updates_both_workers_at_their_ranks_and_versions(worker
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(bucket_mb=0.05, timeout_s=60, backend="gloo"), context)
     new = EngineModel(str(tiny_model_dir))
     sampling = SamplingParams(max_new_tokens=6, seed=4)
-    before = rows_of(gen.generate(batch(PROMPTS), sampling))
+    before = response_rows(gen.generate(token_rows(PROMPTS), sampling))
     try:
         for version in (1, 2):
             policy = perturbed_policy(context, version)
@@ -143,14 +130,14 @@ def test_collective_sync_updates_both_workers_at_their_ranks_and_versions(worker
             assert stats.version == version
             new.load_tensors(list(policy.named_weights()))
             for frontend in (gen, on_second):
-                out = frontend.generate(batch(PROMPTS), sampling)
-                for i, (tokens, logprobs, _) in enumerate(rows_of(out)):
+                out = frontend.generate(token_rows(PROMPTS), sampling)
+                for i, (tokens, logprobs, _) in enumerate(response_rows(out)):
                     expected = new.generate([PROMPTS[i]], max_new_tokens=6, seed=4 + i)[0]
                     assert tokens == expected.tokens and logprobs == pytest.approx(expected.logprobs, abs=1e-5)
             assert gen.weight_version == version and out.weight_version in (0, version)
             for w in workers:
                 assert HTTPClient(w.url, timeout_s=10, what="x").post("/engine/get_weight_version")["version"] == str(version)
-        assert rows_of(gen.generate(batch(PROMPTS), sampling)) != before
+        assert response_rows(gen.generate(token_rows(PROMPTS), sampling)) != before
     finally:
         sync.shutdown()
 
@@ -173,7 +160,7 @@ def test_pause_drains_then_holds_new_requests_until_resume_and_refuses_in_flight
     with pytest.raises(PluginError, match="in_flight_weight_updates=false"):
         gen.pause_generation(keep_in_flight=True)
     results = {}
-    running = threading.Thread(target=lambda: results.update(first=gen.generate(batch(PROMPTS), SamplingParams(
+    running = threading.Thread(target=lambda: results.update(first=gen.generate(token_rows(PROMPTS), SamplingParams(
         max_new_tokens=24, seed=1))))
     running.start()
     deadline = time.monotonic() + 30
@@ -181,7 +168,7 @@ def test_pause_drains_then_holds_new_requests_until_resume_and_refuses_in_flight
         time.sleep(0.01)
     gen.pause_generation(keep_in_flight=False)
     assert "first" in results  # drained: the running generate had finished
-    held = threading.Thread(target=lambda: results.update(second=gen.generate(batch(PROMPTS[:1]), SamplingParams(
+    held = threading.Thread(target=lambda: results.update(second=gen.generate(token_rows(PROMPTS[:1]), SamplingParams(
         max_new_tokens=2))))
     held.start()
     time.sleep(0.5)
@@ -217,7 +204,7 @@ def test_errors_name_the_route_and_come_within_the_deadline(workers, context, ti
                                                                             "status": 500, "message": "engine died"})
         gen.resume_generation(recompute_kv_cache=False)
         with pytest.raises(GrpoSdkError, match=r"POST .*/v1/completions failed: HTTP 500: .*engine died"):
-            gen.generate(batch(PROMPTS), SamplingParams(max_new_tokens=2))
+            gen.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=2))
         flaky.process.send_signal(19)  # SIGSTOP: the socket accepts, nothing answers
         start = time.monotonic()
         with pytest.raises(GrpoSdkError, match=r"no answer from POST .*/engine/resume_generation within 2 s"):

@@ -17,10 +17,11 @@ from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluste
 
 from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
 from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
+
+from conftest import tiny_run_context
 
 
 class RefitClient:
@@ -51,9 +52,7 @@ def server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def context(tiny_model_dir, registry):
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}"], registry)
-    return RunContext(config=cfg, run_dir=tiny_model_dir, model_path=str(tiny_model_dir),
-                      tokenizer_path=str(tiny_model_dir), device="cpu", seed=0, needs_reference=False)
+    return tiny_run_context(tiny_model_dir, registry)
 
 
 def perturbed_policy(context, seed):

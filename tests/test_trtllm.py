@@ -28,14 +28,13 @@ from grpo_sdk.backends.trtllm.generation import TrtllmGeneration
 from grpo_sdk.backends.trtllm.refit import command
 from grpo_sdk.backends.trtllm.server import TrtllmServerGeneration
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
-from grpo_sdk.plugins import GenerationInput, GrpoSdkError, PluginError, SamplingParams
+from grpo_sdk.plugins import GrpoSdkError, PluginError, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
 from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
-from conftest import config_problems, run_grpoctl
+from conftest import config_problems, response_rows, run_grpoctl, tiny_run_context, token_rows
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -49,9 +48,7 @@ def server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def context(tiny_model_dir, registry):
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}"], registry)
-    return RunContext(config=cfg, run_dir=tiny_model_dir, model_path=str(tiny_model_dir),
-                      tokenizer_path=str(tiny_model_dir), device="cpu", seed=0, needs_reference=False)
+    return tiny_run_context(tiny_model_dir, registry)
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +63,6 @@ def client(context, url, **options) -> TrtllmServerGeneration:
     return generation
 
 
-def batch(rows):
-    width = max(len(r) for r in rows)
-    return GenerationInput(input_ids=torch.tensor([[0] * (width - len(r)) + r for r in rows]),
-                           attention_mask=torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows]))
-
-
-def rows_of(out):
-    return [(out.response_ids[i, :n].tolist(), out.logprobs[i, :n].tolist(), bool(out.truncated[i]))
-            for i, n in enumerate(out.response_lengths.tolist())]
 
 
 def seeds(seed, rows):
@@ -96,14 +84,14 @@ def test_tokens_logprobs_and_stop_tokens_are_the_models(server, context, referen
     the per-row seeds it sends; a stop token ends a row and stays in it (include_stop_str_in_output)."""
     generation = client(context, server.url)
     free = SamplingParams(max_new_tokens=6, seed=11)
-    got = rows_of(generation.generate(batch(PROMPTS), free))
+    got = response_rows(generation.generate(token_rows(PROMPTS), free))
     want = expected(reference, PROMPTS, free)
     for (tokens, logprobs, truncated), (w_tokens, w_logprobs, w_truncated) in zip(got, want):
         assert tokens == w_tokens and truncated == w_truncated
         assert logprobs == pytest.approx(w_logprobs, abs=1e-5)
     stop = got[0][0][1]  # a token row 0 samples: with it as a stop token, row 0 ends at its first occurrence
     stop_sampling = SamplingParams(max_new_tokens=6, seed=11, stop_token_ids=(stop,))
-    stopped = rows_of(generation.generate(batch(PROMPTS), stop_sampling))
+    stopped = response_rows(generation.generate(token_rows(PROMPTS), stop_sampling))
     assert stopped[0][0] == got[0][0][:got[0][0].index(stop) + 1] and stopped[0][2] is False
     for (tokens, logprobs, truncated), (w_tokens, w_logprobs, w_truncated) in zip(
             stopped, expected(reference, PROMPTS, stop_sampling)):
@@ -116,8 +104,8 @@ def test_identical_prompts_get_their_own_samples(server, context):
     samples of one prompt differ. Unseeded calls also differ from call to call."""
     generation = client(context, server.url)
     sampling = SamplingParams(max_new_tokens=8)
-    first = rows_of(generation.generate(batch([[5, 6, 7]] * 4), sampling))
-    second = rows_of(generation.generate(batch([[5, 6, 7]] * 4), sampling))
+    first = response_rows(generation.generate(token_rows([[5, 6, 7]] * 4), sampling))
+    second = response_rows(generation.generate(token_rows([[5, 6, 7]] * 4), sampling))
     assert len({tuple(t) for t, _, _ in first}) > 1
     assert [t for t, _, _ in first] != [t for t, _, _ in second]
 
@@ -136,9 +124,9 @@ def assert_serves(generation, reference, policy, version):
     loaded with them, and the adapter reports the version."""
     reference.load_tensors(list(policy.named_weights()), version=version)
     sampling = SamplingParams(max_new_tokens=5, seed=3)
-    out = generation.generate(batch(PROMPTS), sampling)
+    out = generation.generate(token_rows(PROMPTS), sampling)
     assert out.weight_version == version
-    for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(rows_of(out), expected(reference, PROMPTS, sampling)):
+    for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(response_rows(out), expected(reference, PROMPTS, sampling)):
         assert tokens == w_tokens
         assert logprobs == pytest.approx(w_logprobs, abs=1e-5)
 
@@ -148,12 +136,12 @@ def test_every_weight_path_changes_what_the_server_samples(server, context, refe
     transport's file) and the collective transport (the engine joins grpo-sdk's group and receives
     each tensor): after each, the server samples exactly as the sampler loaded with those weights."""
     generation = client(context, server.url)
-    before = rows_of(generation.generate(batch(PROMPTS), SamplingParams(max_new_tokens=5, seed=3)))
+    before = response_rows(generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=5, seed=3)))
 
     policy = perturbed(context, 1)
     generation.update_weights(policy.named_weights(), version=1)
     assert_serves(generation, reference, policy, 1)
-    assert rows_of(generation.generate(batch(PROMPTS), SamplingParams(max_new_tokens=5, seed=3))) != before
+    assert response_rows(generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=5, seed=3))) != before
 
     policy = perturbed(context, 2)
     path = tmp_path / "weights_v2.safetensors"
@@ -184,7 +172,7 @@ def test_release_after_generation_and_resume_before_the_next(server, context, ti
     generation.prepare_for_generation()
     assert http.post("/v1/completions", body)["choices"][0]["token_ids"]
     generation.finish_generation()
-    assert generation.generate(batch(PROMPTS), SamplingParams(max_new_tokens=2)).response_ids.shape[0] == 3
+    assert generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=2)).response_ids.shape[0] == 3
     generation.prepare_for_generation()
 
 
@@ -208,7 +196,7 @@ def test_no_server_and_a_server_that_dies_are_clear_errors_within_the_deadline(c
     try:
         generation = client(context, dying.url)
         with pytest.raises(GrpoSdkError, match=r"no answer from POST .*/v1/completions"):
-            generation.generate(batch(PROMPTS), SamplingParams(max_new_tokens=4))
+            generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=4))
     finally:
         dying.stop()
     assert time.monotonic() - start < 60
@@ -288,9 +276,9 @@ def test_a_server_left_with_another_runs_weights_is_reloaded_from_the_model(serv
     sampling = SamplingParams(max_new_tokens=5, seed=3)
     assert any(tokens != w_tokens or logprobs != pytest.approx(w_logprobs, abs=1e-3)
                for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(
-                   rows_of(stale.generate(batch(PROMPTS), sampling)), expected(reference, PROMPTS, sampling)))
+                   response_rows(stale.generate(token_rows(PROMPTS), sampling)), expected(reference, PROMPTS, sampling)))
     fresh = client(context, server.url)  # reload_on_start=True: the default
-    for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(rows_of(fresh.generate(batch(PROMPTS), sampling)),
+    for (tokens, logprobs, _), (w_tokens, w_logprobs, _) in zip(response_rows(fresh.generate(token_rows(PROMPTS), sampling)),
                                                               expected(reference, PROMPTS, sampling)):
         assert tokens == w_tokens
         assert logprobs == pytest.approx(w_logprobs, abs=1e-5)

@@ -24,9 +24,10 @@ from grpo_sdk.backends.trtllm.config import TrtllmConfig, check_options
 from grpo_sdk.backends.trtllm.generation import TrtllmGeneration
 from grpo_sdk.backends.trtllm.refit import ALL_TAGS, command
 from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
 from grpo_sdk.plugins import GenerationInput, GrpoSdkError, PluginError, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
+
+from conftest import tiny_run_context
 
 
 def tiny_module():
@@ -44,9 +45,7 @@ def trt(monkeypatch):
 
 @pytest.fixture(scope="module")
 def context(tiny_model_dir, registry):
-    cfg = load_config(None, [f"policy.model_name={tiny_model_dir}"], registry)
-    return RunContext(config=cfg, run_dir=tiny_model_dir, model_path=str(tiny_model_dir),
-                      tokenizer_path=str(tiny_model_dir), device="cpu", seed=0, needs_reference=False)
+    return tiny_run_context(tiny_model_dir, registry)
 
 
 def engine(context, **options):
