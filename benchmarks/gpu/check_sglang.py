@@ -34,13 +34,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
-from grpo_runs import check_run  # noqa: E402 - the GRPO-run check the engine checks share
+from grpo_runs import check_run, start_server  # noqa: E402 - the GRPO-run check the engine checks share
 
 ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=1",
          "loss_fn.use_importance_sampling_correction=true"]
@@ -59,20 +57,10 @@ def launch_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
             "--port", str(port), "--skip-tokenizer-init", "--enable-memory-saver", "--dtype", "float32",
             "--mem-fraction-static", "0.3", "--random-seed", "0",
             *shlex.split(os.environ.get("SGLANG_CHECK_SERVER_ARGS", ""))]
-    process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + SERVER_START_S
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"sglang.launch_server exited {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health_generate", timeout=10) as reply:
-                if reply.status == 200:
-                    return process, url
-        except OSError:
-            time.sleep(2)
-    process.kill()
-    raise RuntimeError(f"sglang.launch_server did not answer within {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
+    process = start_server(args, log, url + "/health_generate", name="sglang.launch_server",
+                           timeout_s=SERVER_START_S)
+    return process, url
 
 
 def main() -> int:

@@ -34,13 +34,11 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_vllm import build_llama, check  # noqa: E402 - the same tiny Llama and report lines
-from grpo_runs import check_run, grpo_run  # noqa: E402 - the GRPO-run check the engine checks share
+from grpo_runs import check_run, grpo_run, start_server  # noqa: E402 - the GRPO-run check the engine checks share
 
 SERVER_START_S = 900
 EXTENSION = "grpo_sdk.backends.trtllm.worker_extension.GrpoWorkerExtension"
@@ -58,21 +56,9 @@ def launch_server(model: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
     prefix = shlex.split(os.environ.get("TRTLLM_CHECK_SERVE", "trtllm-serve serve"))
     args = [*prefix, str(model), "--host", "127.0.0.1", "--port", str(port), "--backend", "pytorch",
             "--extra_llm_api_options", str(options), *shlex.split(os.environ.get("TRTLLM_CHECK_SERVE_ARGS", ""))]
-    log = tmp / "server.log"
-    process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + SERVER_START_S
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{' '.join(prefix)} exited {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=10) as reply:
-                if reply.status == 200:
-                    return process, url
-        except OSError:
-            time.sleep(2)
-    process.kill()
-    raise RuntimeError(f"trtllm-serve did not answer within {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
+    process = start_server(args, tmp / "server.log", url + "/health", name=" ".join(prefix), timeout_s=SERVER_START_S)
+    return process, url
 
 
 def main() -> int:

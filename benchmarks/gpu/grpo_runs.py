@@ -41,3 +41,22 @@ def check_run(label: str, run: Path, common: list[str], extra: list[str], failur
                                                      and versions == list(range(STEPS))))
     check(label, ok, f"token_mult_prob_error {[round(e, 5) for e in errors]}, versions {versions}, "
                      f"step time {(time.time() - start) / max(len(rows), 1):.1f} s (incl. start-up)", failures)
+
+
+def start_server(args: list[str], log: Path, health_url: str, *, name: str, timeout_s: float) -> subprocess.Popen:
+    """Start an engine's server and wait (bounded) until ``health_url`` answers 200; its log on failure."""
+    import urllib.request
+
+    process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(health_url, timeout=10) as reply:
+                if reply.status == 200:
+                    return process
+        except OSError:
+            time.sleep(2)
+    process.kill()
+    raise RuntimeError(f"{name} did not answer within {timeout_s:g} s:\n{log.read_text()[-3000:]}")
