@@ -427,6 +427,9 @@ def test_a_receiver_refuses_a_bad_bucket_and_tells_the_sender():
 # --- no unpickling anywhere in the package ----------------------------------------------------------
 
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib"}
+WRITE_ONLY = {"dumps", "HIGHEST_PROTOCOL"}
+"""What may be imported from pickle by name: writing a payload an engine's wire protocol demands
+(SGLang's serialized tensors, TensorRT-LLM's IPC handles), which the engine reads, never grpo-sdk."""
 
 
 def unsafe_uses(tree: ast.AST) -> list[str]:
@@ -436,7 +439,8 @@ def unsafe_uses(tree: ast.AST) -> list[str]:
             found += [f"import {a.name}" for a in node.names if a.name.split(".")[-1] in UNSAFE_MODULES]
         elif isinstance(node, ast.ImportFrom):
             names = {(node.module or "").split(".")[-1], *(a.name for a in node.names)}
-            if names & UNSAFE_MODULES:
+            write_only = node.module == "pickle" and {a.name for a in node.names} <= WRITE_ONLY
+            if names & UNSAFE_MODULES and not write_only:
                 found.append(f"from {node.module} import ...")
         elif isinstance(node, ast.Attribute) and node.attr in UNSAFE_MODULES:
             found.append(f"{ast.unparse(node)}")  # ray.cloudpickle, torch.serialization.pickle, ...
@@ -453,8 +457,9 @@ def unsafe_uses(tree: ast.AST) -> list[str]:
 
 def test_no_module_of_the_package_unpickles():
     """By AST, over every module of src/grpo_sdk: no pickle/marshal/shelve/dill/cloudpickle import or
-    attribute, no torch.load without weights_only=True, no numpy.load with allow_pickle. (Ray pickles
-    its own calls and results; that is Ray's channel, authenticated by its token.)"""
+    attribute (but ``from pickle import dumps``: writing an engine's payload), no torch.load without
+    weights_only=True, no numpy.load with allow_pickle. (Ray pickles its own calls and results; that
+    is Ray's channel, authenticated by its token.)"""
     modules = sorted(SRC.rglob("*.py"))
     assert len(modules) > 20
     problems = {str(path.relative_to(SRC)): uses for path in modules
@@ -463,9 +468,10 @@ def test_no_module_of_the_package_unpickles():
 
 
 def test_the_unpickling_check_finds_what_it_looks_for():
-    code = ("import pickle\nfrom marshal import loads\nimport torch\nimport numpy as np\nimport ray\n"
+    code = ("import pickle\nfrom marshal import loads\nfrom pickle import dumps, loads\nfrom pickle import dumps\n"
+            "import torch\nimport numpy as np\nimport ray\n"
             "torch.load(f)\ntorch.load(f, weights_only=False)\ntorch.load(f, weights_only=True)\n"
             "np.load(f, allow_pickle=True)\nray.cloudpickle.loads(b)\n")
     assert sorted(unsafe_uses(ast.parse(code))) == sorted([
-        "import pickle", "from marshal import ...", "torch.load(...) without weights_only=True",
+        "import pickle", "from marshal import ...", "from pickle import ...", "torch.load(...) without weights_only=True",
         "torch.load(...) without weights_only=True", "np.load(..., allow_pickle=...)", "ray.cloudpickle"])

@@ -112,6 +112,12 @@ BUILTIN_OVERRIDES = {
     ("environment", "nemo_gym"): ["data.train_path=train.jsonl", "grpo.val_period=0", "grpo.val_at_end=false",
                                   "env.nemo_gym.python=" + os.path.join(os.path.dirname(__file__), "fixtures",
                                                                         "nemo_gym", "fake-python")],
+    # Clients of servers: a URL is required (nothing answers there; the static checks do not connect).
+    ("generation", "sglang"): ["policy.generation.sglang.url=http://127.0.0.1:9"],
+    ("generation", "trtllm"): ["policy.generation.trtllm.mode=server", "policy.generation.trtllm.url=http://127.0.0.1:9"],
+    ("generation", "dynamo"): ["policy.generation.dynamo.frontend_url=http://127.0.0.1:9/v1",
+                               "policy.generation.dynamo.worker_urls=[http://127.0.0.1:9]",
+                               "policy.generation.colocated.enabled=false", "weight_sync.backend=collective"],
     ("weight_sync", "collective"): ["cluster.runtime=ray"],
     ("weight_sync", "cuda_ipc"): ["cluster.runtime=ray", "cluster.device=cuda", "cluster.gpus_per_node=1"],
 }

