@@ -199,3 +199,13 @@ def test_an_unknown_kind_of_group_is_refused(context):
     with pytest.raises(ValueError, match="broadcast_peer must be one of torch, vllm, got 'mpi'"):
         sync.sync_weights(perturbed_policy(context, 6), stub, version=1)
     sync.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["sglang", "trtllm"])
+def test_a_server_mode_drives_one_server_from_one_generation_worker(registry, backend):
+    from conftest import config_problems
+
+    found = config_problems(registry, "cluster.runtime=ray", "cluster.generation_workers=2",
+                            f"policy.generation.backend={backend}", f"policy.generation.{backend}.mode=server",
+                            f"policy.generation.{backend}.url=http://127.0.0.1:9")
+    assert "every generation worker would drive the same server" in found["cluster.generation_workers"]

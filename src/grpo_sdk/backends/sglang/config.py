@@ -104,6 +104,12 @@ def check_options(config: Any, options: SGLangConfig, registry: Any) -> list[tup
         problems.append(("policy.generation.sglang.needs_offload",
                          "needs policy.generation.colocated.enabled=true: releasing the engine's memory only helps "
                          "a policy training on the same GPUs"))
+    if options.mode == "server" and config.cluster.runtime == "ray" and config.cluster.generation_workers > 1:
+        problems.append(("cluster.generation_workers",
+                         "must be 1 with policy.generation.sglang.mode=server: every generation worker would drive the same "
+                         "server, joining its weight-update group and loading each update once per worker; the server "
+                         "batches concurrent requests itself (to spread load over several servers, put a router in front "
+                         "and point policy.generation.sglang.url at it)"))
     if options.mode == "engine" and not problems:  # a config to fix first (exit 2), then what to install
         require_engine("sglang", INSTALL, gpu=True)  # PluginError: exit 3 before anything starts
     return problems

@@ -117,6 +117,12 @@ def check_options(config: Any, options: TrtllmConfig, registry: Any) -> list[tup
                              "while the policy trains"))
         if not problems:  # the install check last: a config error is worth more than "not installed"
             require_engine("tensorrt_llm", INSTALL, gpu=True)
+    if options.mode == "server" and config.cluster.runtime == "ray" and config.cluster.generation_workers > 1:
+        problems.append(("cluster.generation_workers",
+                         "must be 1 with policy.generation.trtllm.mode=server: every generation worker would drive the same "
+                         "server, joining its weight-update group and loading each update once per worker; the server "
+                         "batches concurrent requests itself (to spread load over several servers, put a router in front "
+                         "and point policy.generation.trtllm.url at it)"))
     if options.enable_sleep and not generation.colocated.enabled:
         problems.append(("policy.generation.trtllm.enable_sleep",
                          "releases the engine's GPU memory for a colocated policy; without "
