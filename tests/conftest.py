@@ -242,6 +242,21 @@ def tiny_run_context(model_dir, registry, **fields):
                          **fields})
 
 
+def perturbed_policy(context, seed, scale):
+    """An hf policy on ``context``'s model with seeded Gaussian noise of std ``scale`` added to every
+    parameter: new weights for a sync to carry."""
+    import torch
+
+    from grpo_sdk.backends.hf.policy import HFPolicy
+
+    policy = HFPolicy(None, context)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in policy.model.named_parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    return policy
+
+
 def train_batch(inputs, out):
     """A ``TrainBatch`` of prompts + sampled responses (loss on the response tokens only)."""
     import torch

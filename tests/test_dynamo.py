@@ -21,13 +21,12 @@ from engine_servers.base import EngineModel, start_server
 
 from grpo_sdk.backends.dynamo.config import DynamoConfig
 from grpo_sdk.backends.dynamo.generation import DynamoGeneration, parse_completion
-from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.plugins import GrpoSdkError, PausesForRefit, PluginError, ReceivesBroadcast, SamplingParams
 from grpo_sdk.plugins.toolkit import HTTPClient, free_port
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
-from conftest import config_problems, response_rows, run_grpoctl, tiny_run_context, token_rows
+from conftest import config_problems, perturbed_policy, response_rows, run_grpoctl, tiny_run_context, token_rows
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -103,15 +102,6 @@ def test_stop_tokens_end_the_response_and_are_included_and_length_truncates(work
     assert all(tr == (len(t) == 2 and t[-1] != reference.eos_token_id) for t, _, tr in short)
 
 
-def perturbed_policy(context, seed):
-    policy = HFPolicy(None, context)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in policy.model.named_parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return policy
-
-
 def test_collective_sync_updates_both_workers_at_their_ranks_and_versions(workers, context, tiny_model_dir):
     """grpo-sdk's collective transport as rank 0 (world size 3): worker 0 joins at rank 1, worker 1 at
     rank 2; after each sync both frontends sample what the hf sampler samples under the new weights,
@@ -125,7 +115,7 @@ def test_collective_sync_updates_both_workers_at_their_ranks_and_versions(worker
     before = response_rows(gen.generate(token_rows(PROMPTS), sampling))
     try:
         for version in (1, 2):
-            policy = perturbed_policy(context, version)
+            policy = perturbed_policy(context, version, 0.05)
             stats = sync.sync_weights(policy, gen, version=version)
             assert stats.version == version
             new.load_tensors(list(policy.named_weights()))
@@ -148,7 +138,7 @@ def test_a_worker_that_does_not_take_the_update_fails_the_sync(tiny_model_dir, c
     try:
         gen = client(context, stale.url, [stale.url])
         with pytest.raises(GrpoSdkError, match=r"report another weight version than '1'.*did not take it"):
-            sync.sync_weights(perturbed_policy(context, 7), gen, version=1)
+            sync.sync_weights(perturbed_policy(context, 7, 0.05), gen, version=1)
         assert gen.weight_version == 0
     finally:
         sync.shutdown()

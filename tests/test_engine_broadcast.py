@@ -11,17 +11,15 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from engine_servers.base import start_server
 from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
-from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
-from conftest import tiny_run_context
+from conftest import perturbed_policy, tiny_run_context
 
 
 class RefitClient:
@@ -55,15 +53,6 @@ def context(tiny_model_dir, registry):
     return tiny_run_context(tiny_model_dir, registry)
 
 
-def perturbed_policy(context, seed):
-    policy = HFPolicy(None, context)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in policy.model.named_parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.01)
-    return policy
-
-
 def assert_engine_has(server, policy, version):
     digest = HTTPClient(server.url, timeout_s=30, what="refit_server").get("/digest")
     assert digest["version"] == version
@@ -79,7 +68,7 @@ def test_the_engine_receives_every_tensor_in_small_batches_and_joins_once(server
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(bucket_mb=0.05, timeout_s=60), context)
     client = RefitClient(server.url)
     for version, seed in ((1, 1), (2, 2)):
-        policy = perturbed_policy(context, seed)
+        policy = perturbed_policy(context, seed, 0.01)
         stats = sync.sync_weights(policy, client, version=version)
         assert stats.version == version and stats.num_tensors == len(list(policy.named_weights()))
         assert stats.num_bytes == sum(t.numel() * t.element_size() for _, t in policy.named_weights())
@@ -92,7 +81,7 @@ def test_the_engine_receives_every_tensor_in_small_batches_and_joins_once(server
 def test_an_engine_that_rejects_an_update_fails_the_sync_at_once_with_its_message(server, context):
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=60), context)
     client = RefitClient(server.url)
-    policy = perturbed_policy(context, 3)
+    policy = perturbed_policy(context, 3, 0.01)
     sync.sync_weights(policy, client, version=1)
     HTTPClient(server.url, timeout_s=10, what="x").post("/fail_next")
     start = time.monotonic()
@@ -110,7 +99,7 @@ def test_an_engine_that_never_answers_is_a_deadline_not_a_hang(context, tiny_mod
         start = time.monotonic()
         with pytest.raises(Exception, match=r"no answer from POST .*/join within|did not join the weight-update "
                                             r"group within 3 s"):
-            sync.sync_weights(perturbed_policy(context, 4), RefitClient(dead.url, timeout_s=3), version=1)
+            sync.sync_weights(perturbed_policy(context, 4, 0.01), RefitClient(dead.url, timeout_s=3), version=1)
         assert time.monotonic() - start < 15
     finally:
         dead.process.kill()
@@ -187,7 +176,7 @@ def test_an_engine_with_vllms_kind_of_group_needs_vllm_on_the_trainer(context):
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=30), context)
     start = time.monotonic()
     with pytest.raises(Exception, match=r"rank 0 needs vllm installed: pip install 'grpo-sdk\[vllm\]'"):
-        sync.sync_weights(perturbed_policy(context, 5), VLLMPeerStub("http://127.0.0.1:9"), version=1)
+        sync.sync_weights(perturbed_policy(context, 5, 0.01), VLLMPeerStub("http://127.0.0.1:9"), version=1)
     assert time.monotonic() - start < 10
     sync.shutdown()
 
@@ -197,7 +186,7 @@ def test_an_unknown_kind_of_group_is_refused(context):
     stub.broadcast_peer = "mpi"
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(timeout_s=30), context)
     with pytest.raises(ValueError, match="broadcast_peer must be one of torch, vllm, got 'mpi'"):
-        sync.sync_weights(perturbed_policy(context, 6), stub, version=1)
+        sync.sync_weights(perturbed_policy(context, 6, 0.01), stub, version=1)
     sync.shutdown()
 
 

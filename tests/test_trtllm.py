@@ -22,7 +22,6 @@ import pytest
 import torch
 from engine_servers.base import EngineModel, start_server
 
-from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.backends.trtllm.config import TrtllmConfig
 from grpo_sdk.backends.trtllm.generation import TrtllmGeneration
 from grpo_sdk.backends.trtllm.refit import command
@@ -34,7 +33,7 @@ from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig
 
-from conftest import config_problems, response_rows, run_grpoctl, tiny_run_context, token_rows
+from conftest import config_problems, perturbed_policy, response_rows, run_grpoctl, tiny_run_context, token_rows
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -110,15 +109,6 @@ def test_identical_prompts_get_their_own_samples(server, context):
     assert [t for t, _, _ in first] != [t for t, _, _ in second]
 
 
-def perturbed(context, seed):
-    policy = HFPolicy(None, context)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, param in policy.model.named_parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return policy
-
-
 def assert_serves(generation, reference, policy, version):
     """The server now samples with the policy's weights: same tokens and logprobs as the sampler
     loaded with them, and the adapter reports the version."""
@@ -138,12 +128,12 @@ def test_every_weight_path_changes_what_the_server_samples(server, context, refe
     generation = client(context, server.url)
     before = response_rows(generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=5, seed=3)))
 
-    policy = perturbed(context, 1)
+    policy = perturbed_policy(context, 1, 0.05)
     generation.update_weights(policy.named_weights(), version=1)
     assert_serves(generation, reference, policy, 1)
     assert response_rows(generation.generate(token_rows(PROMPTS), SamplingParams(max_new_tokens=5, seed=3))) != before
 
-    policy = perturbed(context, 2)
+    policy = perturbed_policy(context, 2, 0.05)
     path = tmp_path / "weights_v2.safetensors"
     write_weights(policy.named_weights(), path)
     generation.load_weights(str(path), version=2)
@@ -152,7 +142,7 @@ def test_every_weight_path_changes_what_the_server_samples(server, context, refe
     sync = CollectiveWeightSync(CollectiveWeightSyncConfig(bucket_mb=0.05, timeout_s=60), context)
     try:
         for version, seed in ((3, 3), (4, 4)):  # the group is joined once, then reused
-            policy = perturbed(context, seed)
+            policy = perturbed_policy(context, seed, 0.05)
             stats = sync.sync_weights(policy, generation, version=version)
             assert stats.num_tensors == len(list(policy.named_weights()))
             assert_serves(generation, reference, policy, version)
@@ -270,7 +260,7 @@ def test_a_server_left_with_another_runs_weights_is_reloaded_from_the_model(serv
     from safetensors.torch import load_file
 
     stale = client(context, server.url, reload_on_start=False)
-    stale.update_weights(perturbed(context, 9).named_weights(), version=5)  # another run's last weights
+    stale.update_weights(perturbed_policy(context, 9, 0.05).named_weights(), version=5)  # another run's last weights
     original = [item for f in sorted(tiny_model_dir.glob("*.safetensors")) for item in load_file(str(f)).items()]
     reference.load_tensors(original, version=0)
     sampling = SamplingParams(max_new_tokens=5, seed=3)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,13 +44,9 @@ ASYNC = ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_ste
 SERVER_START_S = 600
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch_server(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    from grpo_sdk.plugins.toolkit import free_port
+
     port = free_port()
     args = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--skip-tokenizer-init", "--enable-memory-saver", "--dtype", "float32",

@@ -45,11 +45,9 @@ EXTENSION = "grpo_sdk.backends.trtllm.worker_extension.GrpoWorkerExtension"
 
 
 def launch_server(model: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
-    import socket
+    from grpo_sdk.plugins.toolkit import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     options = tmp / "extra_llm_api_options.yaml"
     options.write_text(f"orchestrator_type: ray\nray_worker_extension_cls: {EXTENSION}\nenable_sleep: true\n"
                        "kv_cache_config:\n  free_gpu_memory_fraction: 0.3\n")
