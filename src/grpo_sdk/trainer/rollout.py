@@ -51,14 +51,18 @@ def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_token
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
+    """``[B, P]`` ids and attention mask, each row right-aligned.
+
+    One tensor built from all rows at once: per-row tensor assignments cost ~10 us each, which at
+    hundreds of rows per step was a visible share of a small model's step.
+    """
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    width = int(lengths.max()) if len(rows) else 0
+    mask = torch.arange(width) >= (width - lengths)[:, None]
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-    return ids, mask
+    # Row-major order of the mask's True cells is the rows' tokens concatenated.
+    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+    return ids, mask.long()
 
 
 def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
