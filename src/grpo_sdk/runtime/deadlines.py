@@ -146,14 +146,15 @@ class WorkerHandle:
     role: str  # "policy", "generation", "environment", "teacher"
     index: int  # rank or replica index
     pid: int | None = None
-    node: str | None = None
+    node: str | None = None  # the node's address
+    node_id: str | None = None  # Ray's id of the node: nodes on one machine share an address
     show_node: bool = False  # multi-node clusters: say which node
 
     @property
     def label(self) -> str:
         where = f"pid {self.pid}" if self.pid is not None else "not started"
         if self.show_node and self.node:
-            where += f" on {self.node}"
+            where += f" on {self.node}" + (f" node {self.node_id[:8]}" if self.node_id else "")
         return f"{self.role} worker {self.index} ({where})"
 
     def kill(self) -> None:

@@ -36,6 +36,8 @@ RESUMABLE_KEYS = (
     # Async GRPO: how the resumed run treats its replay buffer, and how long it waits (docs/async.md).
     "checkpointing.load_replay_buffer", "grpo.async_grpo.max_trajectory_age_steps",
     "grpo.async_grpo.starvation_timeout_s",
+    # Where the Ray cluster is: a head restarted after a lost node listens on a new port.
+    "cluster.address",
 )
 MAX_SHOWN_CHANGES = 20
 
