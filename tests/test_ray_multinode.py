@@ -77,7 +77,7 @@ def test_fewer_nodes_than_cluster_num_nodes_is_refused_naming_the_key_and_listin
         nodes.choose_nodes(cluster, [{"CPU": 1.0}] * 2, driver_node=None, address="127.0.0.1:6379")
     message = str(info.value)
     assert message.startswith("cluster.num_nodes=2, but the Ray cluster at 127.0.0.1:6379 has 1 alive node(s): ")
-    assert "node 12345678 (127.0.0.1, CPU 4, GPU 0)" in message and "node feedbeef (127.0.0.1, CPU 4, GPU 0, dead)" in message
+    assert "node 12345678 (127.0.0.1, CPU 4, GPU 0)" in message and "node feedbeef (127.0.0.1, dead)" in message
     with pytest.raises(GrpoSdkError, match=r"only 1 of the 2 alive nodes .* can hold a block of CPU 3"):
         nodes.choose_nodes([node("a", 4), node("b", 2)], [{"CPU": 3.0}] * 2, driver_node=None, address=None)
 
@@ -184,15 +184,15 @@ def test_a_lost_node_stops_the_run_naming_it_and_the_run_resumes_when_the_node_i
     assert stopped_after < 60, stopped_after  # Ray's health checks (0.5 s here), not call_timeout_s (120 s)
     original = steps_of(run_dir)
     assert max(original) == 3
-    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step_2"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*step_*")) == ["step_2"]  # none partial
+    print(f"lost node: stopped {stopped_after:.1f} s after the kill: {error}")
 
     refused = grpoctl(two_nodes, "run", "--resume", run_dir, "grpo.max_num_steps=3", timeout=180)
     assert refused.returncode == 1
     message = refused.stderr.strip().splitlines()[-1]
     assert message.startswith(f"error: cluster.num_nodes=2, but the Ray cluster at {two_nodes.address} has 1 alive "
                               "node(s): "), refused.stderr[-3000:]
-    assert f"node {lost['node_id'][:8]} (127.0.0.1, CPU 3, GPU 0, dead)" in message
+    assert f"node {lost['node_id'][:8]} (127.0.0.1, dead)" in message
 
     added = two_nodes.add_node()
     resumed = grpoctl(two_nodes, "run", "--resume", run_dir, "grpo.max_num_steps=3")

@@ -51,9 +51,8 @@ def fits(resources: dict[str, float], needed: dict[str, float]) -> bool:
 
 def describe_node(node: dict[str, Any]) -> str:
     res = node.get("Resources") or {}
-    state = "" if node.get("Alive") else ", dead"
-    return (f"node {short(node.get('NodeID'))} ({node.get('NodeManagerAddress', '?')}, "
-            f"CPU {res.get('CPU', 0):g}, GPU {res.get('GPU', 0):g}{state})")
+    what = f"CPU {res.get('CPU', 0):g}, GPU {res.get('GPU', 0):g}" if node.get("Alive") else "dead"
+    return f"node {short(node.get('NodeID'))} ({node.get('NodeManagerAddress', '?')}, {what})"
 
 
 def choose_nodes(nodes: Iterable[dict[str, Any]], blocks: list[dict[str, float]], *, driver_node: str | None,
