@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -151,6 +154,26 @@ def test_two_nodes_hold_the_run_and_give_the_one_node_results(tmp_path, two_node
         assert (weights[0][name] - weights[1][name]).abs().max().item() <= TOLERANCE, name
 
 
+def test_a_local_cluster_is_always_new_never_the_last_cluster_started_on_the_machine(two_nodes):
+    """``ray.init()`` without an address joins the cluster named in <ray temp dir>/ray_current_cluster
+    (anyone's `ray start`, or this fixture's head for a moment). start_local_cluster must start its
+    own: here the file names the two-node cluster, and the process even holds its token."""
+    temp = Path(tempfile.mkdtemp(prefix="grpo-ray-", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        (temp / "ray").mkdir()
+        (temp / "ray" / "ray_current_cluster").write_text(two_nodes.address)
+        code = ("import json, ray; from grpo_sdk.runtime.ray_runtime import start_local_cluster; "
+                "c = start_local_cluster(num_cpus=1, include_dashboard=False); "
+                "print(json.dumps([c.address, len(ray.nodes())])); c.stop()")
+        result = subprocess.run([sys.executable, "-c", code], env={**two_nodes.env, "RAY_TMPDIR": str(temp)},
+                                capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        address, count = json.loads(result.stdout.strip().splitlines()[-1])
+        assert address != two_nodes.address and count == 1
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def test_a_lost_node_stops_the_run_naming_it_and_the_run_resumes_when_the_node_is_back(tmp_path, two_nodes):
     """The worker node's raylet is SIGKILLed during step 4: the run stops within seconds (not at a
     deadline) with a WorkerError naming the worker and its node; a resume while the node is gone is
@@ -187,8 +210,10 @@ def test_a_lost_node_stops_the_run_naming_it_and_the_run_resumes_when_the_node_i
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("*step_*")) == ["step_2"]  # none partial
     print(f"lost node: stopped {stopped_after:.1f} s after the kill: {error}")
 
+    start = time.monotonic()
     refused = grpoctl(two_nodes, "run", "--resume", run_dir, "grpo.max_num_steps=3", timeout=180)
     assert refused.returncode == 1
+    assert time.monotonic() - start < 120  # refused up front: not a wait of cluster.startup_timeout_s (600 s)
     message = refused.stderr.strip().splitlines()[-1]
     assert message.startswith(f"error: cluster.num_nodes=2, but the Ray cluster at {two_nodes.address} has 1 alive "
                               "node(s): "), refused.stderr[-3000:]
