@@ -251,7 +251,10 @@ class RayRuntime:
             return
         record = nodes.placement_record(self.cluster.num_nodes, self.nodes,
                                         [w for group in self.groups for w in group.workers])
-        write_text_atomic(Path(self.run_dir) / PLACEMENT_FILE, json.dumps(record, indent=2) + "\n")
+        try:
+            write_text_atomic(Path(self.run_dir) / PLACEMENT_FILE, json.dumps(record, indent=2) + "\n")
+        except OSError as exc:  # a record, not the run: the checkpoints report a full disk themselves
+            log.warning(f"could not write {PLACEMENT_FILE}: {exc}")
 
     # --- building components --------------------------------------------------------------------
 
