@@ -99,6 +99,19 @@ def test_config_checks_of_num_nodes():
         registry, *non_colocated, "cluster.num_nodes=3")["cluster.num_nodes"]
 
 
+def test_a_resume_may_join_the_cluster_at_a_new_address_but_not_change_num_nodes(tmp_path):
+    from grpo_sdk.core.errors import ConfigError
+    from grpo_sdk.trainer.launch import check_resumable
+
+    registry = Registry.discover()
+    run = ["cluster.runtime=ray", "cluster.policy_workers=2", "cluster.num_nodes=2"]
+    saved = load_config(None, [*run, "cluster.address=10.0.0.1:6379"], registry)
+    check_resumable(saved, load_config(None, [*run, "cluster.address=10.0.0.1:6380"], registry), tmp_path)
+    with pytest.raises(ConfigError, match="cluster.num_nodes"):
+        check_resumable(saved, load_config(None, [*run, "cluster.address=10.0.0.1:6379", "cluster.num_nodes=1"],
+                                           registry), tmp_path)
+
+
 # --- on two nodes ---------------------------------------------------------------------------------------
 
 
