@@ -267,7 +267,8 @@ def gather(calls: Sequence[Call], *, timeout: float, on_app_error: str = "wait",
                                    f"{getattr(exc, 'traceback_str', '')}")
                 if on_app_error == "kill":
                     if pending and isinstance(cause, RuntimeError):
-                        lost = _lost_peer(pending, by_ref, min(PEER_NOTICE_S, start + timeout - time.monotonic()), start)
+                        grace = min(PEER_NOTICE_S, start + timeout - time.monotonic())
+                        lost = _lost_peer(pending, by_ref, grace, start)
                         if lost is not None:
                             first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
                             lost.add_note(f"{call.worker.label} noticed first, during {call.method}(): {first_line}")
