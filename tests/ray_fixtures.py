@@ -1,4 +1,5 @@
-"""One local Ray cluster for the whole test run (each start costs seconds), plus a test-only site.
+"""One local Ray cluster for the whole test run (each start costs seconds), plus a test-only site;
+and a two-node cluster on loopback for the multi-node tests (``two_nodes``).
 
 Import the fixture into a test module (``from ray_fixtures import ray_cluster``). A module that
 uses it should skip itself when Ray is not installed: ``pytest.importorskip("ray", reason=...)``.
@@ -12,8 +13,13 @@ does not: a test that needs one of them adds the folder to its own ``sys.path``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import secrets
+import select
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -119,3 +125,58 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
     yield RayCluster(site=site.root)
     if cluster is not None:
         cluster.stop()
+
+
+TWO_NODE_START_S = 120  # a node starts in ~2 s here, alone; minutes would mean it never will
+TWO_NODE_STOP_S = 60
+
+
+@attrs.define
+class TwoNodes:
+    """A two-node Ray cluster on 127.0.0.1, run by ``two_node_cluster.py`` in a process of its own."""
+
+    address: str
+    nodes: list[dict]  # {"node_id", "raylet_pid", "head"}, head first
+    env: dict[str, str]  # for a process that joins it (grpoctl): its token, loopback addresses
+    process: subprocess.Popen
+
+    def add_node(self) -> dict:
+        """Another worker node like the first (after a test killed one)."""
+        self.process.stdin.write("add\n")
+        self.process.stdin.flush()
+        node = json.loads(_line_within(self.process, TWO_NODE_START_S))
+        self.nodes.append(node)
+        return node
+
+
+def _line_within(process: subprocess.Popen, timeout: float) -> str:
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"the two-node Ray cluster did not answer within {timeout:g} s "
+                           f"(exit code {process.poll()}); see the test's captured stderr")
+    return line
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Head node and one worker node, 3 logical CPUs each, on loopback, with a token of their own:
+    a process of its own (this one may already be connected to ``ray_cluster``), stopped however the
+    tests end; if this process dies, the helper sees its stdin close and stops the nodes."""
+    pytest.importorskip("ray", reason="the Ray runtime needs ray: pip install 'grpo-sdk[ray]'")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # Ray's loopback-only switch: every node on 127.0.0.1
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("two_node_cluster.py")), "3"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        info = json.loads(_line_within(process, TWO_NODE_START_S))
+        yield TwoNodes(address=info["address"], nodes=info["nodes"], env=env, process=process)
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(timeout=TWO_NODE_STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()  # its watchdogs see it gone and kill the nodes
+            process.wait(timeout=10)

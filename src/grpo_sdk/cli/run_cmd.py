@@ -40,7 +40,8 @@ def run(
     """Train with GRPO. Writes config, plugin versions, metrics.jsonl and checkpoints to the run dir.
 
     A run directory that already holds checkpoints is resumed from the latest one with its saved
-    config; overrides may change only the resumable keys (steps, epochs, logging, checkpoint cadence).
+    config; overrides may change only the resumable keys (steps, epochs, logging, checkpoint cadence,
+    the Ray cluster.address).
     """
     overrides = list(overrides or [])
     if max_steps is not None:

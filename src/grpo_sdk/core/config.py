@@ -685,7 +685,8 @@ class ClusterConfig:
     runtime: Literal["local", "ray"] = option("local", "Where components run: `local` is one process; `ray` runs "
                                              "the policy, generation and environments as Ray actors.")
     address: str | None = option(None, "Ray: the cluster to join ('auto', or 'host:port'); null starts a local one.")
-    num_nodes: int = option(1, "Ray: nodes the run may use.", validator=positive)
+    num_nodes: int = option(1, "Ray: nodes the run uses; its workers go to them in contiguous blocks, one per "
+                                   "node. More than 1 needs cluster.address.", validator=positive)
     gpus_per_node: int = option(0, "Ray: GPUs per node the run may use; 0 runs on CPUs.", validator=non_negative)
     cpus_per_worker: float = option(1.0, "Ray: CPUs reserved by each worker actor.", validator=positive)
     policy_workers: int = option(1, "Ray: ranks of the policy worker group (torch.distributed; FSDP2 shards "

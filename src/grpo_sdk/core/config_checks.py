@@ -493,10 +493,17 @@ def check_runtime(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, 
     if m > rows:
         problems.append(("cluster.generation_workers", f"{m} replicas for a rollout batch of {rows} rows would leave "
                          "some idle; use at most as many replicas as rows"))
+    colocated = cfg.policy.generation.colocated.enabled
     if c.num_nodes > 1 and not c.address:
         problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes need an existing cluster (cluster.address); "
                          "a local Ray cluster has one node"))
-    colocated = cfg.policy.generation.colocated.enabled
+    bundles = max(n, m) if colocated else n + m
+    if c.num_nodes > bundles:  # each node takes a contiguous block of the bundles (grpo_sdk.runtime.nodes)
+        how = ("colocated: max(policy_workers, generation_workers)" if colocated
+               else "non-colocated: policy_workers + generation_workers")
+        problems.append(("cluster.num_nodes", f"{c.num_nodes} nodes, but the run has {bundles} worker bundle(s) to "
+                         f"spread over them ({how}), so some node would stay empty; raise cluster.policy_workers or "
+                         "cluster.generation_workers, or lower cluster.num_nodes"))
     env_gpus = env_gpus_needed(c.env_workers, c.env_gpus_per_worker)
     if c.gpus_per_node > 0:
         gpus = c.num_nodes * c.gpus_per_node

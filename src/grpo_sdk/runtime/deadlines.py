@@ -146,14 +146,15 @@ class WorkerHandle:
     role: str  # "policy", "generation", "environment", "teacher"
     index: int  # rank or replica index
     pid: int | None = None
-    node: str | None = None
+    node: str | None = None  # the node's address
+    node_id: str | None = None  # Ray's id of the node: nodes on one machine share an address
     show_node: bool = False  # multi-node clusters: say which node
 
     @property
     def label(self) -> str:
         where = f"pid {self.pid}" if self.pid is not None else "not started"
         if self.show_node and self.node:
-            where += f" on {self.node}"
+            where += f" on {self.node}" + (f" node {self.node_id[:8]}" if self.node_id else "")
         return f"{self.role} worker {self.index} ({where})"
 
     def kill(self) -> None:
@@ -183,6 +184,35 @@ def _reason(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:400]
 
 
+# How long a rank's collective error (torch.distributed raises RuntimeErrors: "Connection closed by
+# peer") waits for Ray to report a peer lost: a lost node's actors are reported dead only once the GCS
+# has missed its health checks (Ray's defaults: every 3 s, 5 missed), after its peers' connections broke.
+PEER_NOTICE_S = 30.0
+
+
+def _lost_peer(pending: list[Any], by_ref: dict[Any, Call], grace: float, since: float) -> WorkerError | None:
+    """The ``WorkerError`` of a pending call whose worker Ray reports lost within ``grace`` seconds,
+    or None: a rank's error may be the echo of a peer that died, and the peer is the cause to name."""
+    import ray
+    from ray.exceptions import RayError, RayTaskError
+
+    start = time.monotonic()
+    waiting = list(pending)
+    while waiting and (left := start + grace - time.monotonic()) > 0:
+        ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayTaskError:  # another echo
+                continue
+            except RayError as exc:
+                call, elapsed = by_ref[ref], time.monotonic() - since
+                return WorkerError(f"{call.worker.label} died during {call.method}() after {elapsed:.1f} s: "
+                                   f"{_reason(exc)}", worker=call.worker.label, call=f"{call.method}()",
+                                   elapsed=elapsed)
+    return None
+
+
 def gather(calls: Sequence[Call], *, timeout: float, on_app_error: str = "wait",
            on_failure: Callable[[WorkerError], None] | None = None,
            deadline_key: str = "cluster.call_timeout_s") -> list[Any]:
@@ -191,7 +221,9 @@ def gather(calls: Sequence[Call], *, timeout: float, on_app_error: str = "wait",
     ``on_app_error``: when a component raises, ``"wait"`` lets the other calls finish (replicas
     and environment actors are independent) before re-raising; ``"kill"`` kills the workers still
     running (ranks of one torch.distributed group would block in a collective waiting for the one
-    that raised). ``on_failure`` is told of every WorkerError before it is raised (the runtime
+    that raised), after up to ``PEER_NOTICE_S`` for Ray to report one of them lost when the error
+    is a RuntimeError (a collective's, perhaps from a lost peer: the lost worker is then named
+    instead). ``on_failure`` is told of every WorkerError before it is raised (the runtime
     refuses later calls once a worker is lost). ``deadline_key`` is the setting a timeout names.
     """
     import ray
@@ -234,6 +266,13 @@ def gather(calls: Sequence[Call], *, timeout: float, on_app_error: str = "wait",
                     cause.add_note(f"raised in {call.worker.label} during {call.method}(); remote traceback:\n"
                                    f"{getattr(exc, 'traceback_str', '')}")
                 if on_app_error == "kill":
+                    if pending and isinstance(cause, RuntimeError):
+                        grace = min(PEER_NOTICE_S, start + timeout - time.monotonic())
+                        lost = _lost_peer(pending, by_ref, grace, start)
+                        if lost is not None:
+                            first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+                            lost.add_note(f"{call.worker.label} noticed first, during {call.method}(): {first_line}")
+                            fail(lost)
                     for other in pending:
                         by_ref[other].worker.kill()
                     raise cause from None

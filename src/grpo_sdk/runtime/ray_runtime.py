@@ -15,6 +15,11 @@ components, so the loop does not know which runtime it drives:
 Placement (one bundle per rank or replica; ``{"CPU": cpus_per_worker}``, plus ``{"GPU": 1}``
 when ``cluster.gpus_per_node > 0``):
 
+* which node: on one node (``cluster.num_nodes`` 1) the placement groups are ``STRICT_PACK`` and Ray
+  picks the node; with ``num_nodes = N > 1`` the run's bundles are cut into N contiguous blocks and
+  block j is pinned to node j (``grpo_sdk.runtime.nodes``: a per-bundle node selector; fewer alive
+  nodes than N is an error naming ``cluster.num_nodes``). ``<run dir>/placement.json`` records the
+  node every worker reported from its own process;
 * colocated (``policy.generation.colocated.enabled``, the default): one placement group of
   ``max(policy_workers, generation_workers)`` bundles that the policy ranks and the generation
   replicas share, each actor taking an equal fraction of its bundle (half; a third with a
@@ -38,7 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -56,6 +63,8 @@ import attrs
 
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
+from grpo_sdk.core.files import write_text_atomic
+from grpo_sdk.runtime import nodes
 from grpo_sdk.runtime.deadlines import Call, WorkerError, WorkerHandle, gather
 from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGroup, WorkerGroup, local_methods,
                                     local_sampler_factory)
@@ -68,6 +77,7 @@ log = logging.getLogger(__name__)
 REMOTE_KINDS = ("policy", "generation", "environment")
 LOCAL_OBJECT_STORE_BYTES = (256 << 20, 4 << 30)  # a local cluster's object store: 30% of RAM within these
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")  # what start_local_cluster may set, and LocalCluster.stop restores
+PLACEMENT_FILE = "placement.json"  # in the run directory: where every worker runs (grpo_sdk.runtime.nodes)
 WATCH_INTERVAL_S = 0.5  # how often the watchdog looks for new processes of the cluster, and for the driver
 
 
@@ -113,6 +123,8 @@ class RayRuntime:
         self.groups: list[WorkerGroup] = []
         self.policy_group: PolicyGroup | None = None
         self.placement: Placement | None = None
+        self.nodes: list[str] | None = None  # with cluster.num_nodes > 1: the node ids used, block j on node j
+        self.run_dir: Path | None = None  # where placement.json goes; known from the first build
         self.owns_ray = False
         self.local: LocalCluster | None = None
         self._actor_class: Any = None
@@ -169,7 +181,6 @@ class RayRuntime:
         gpu = c.gpus_per_node > 0 and c.device != "cpu"
         bundle = {"CPU": float(c.cpus_per_worker), **({"GPU": 1.0} if gpu else {})}
         teacher = bool(self.config.on_policy_distillation.teacher_model)
-        strategy = "STRICT_PACK" if c.num_nodes == 1 else "PACK"
         if self.colocated:
             size = max(c.policy_workers, c.generation_workers)
             sizes = {"shared": size}
@@ -188,14 +199,19 @@ class RayRuntime:
                                + ("colocated: max(policy_workers, generation_workers)" if self.colocated else
                                   "non-colocated: policy_workers + generation_workers")
                                + "); lower cluster.* workers or cluster.cpus_per_worker, or add nodes")
-        pgs = {name: placement_group([dict(bundle) for _ in range(n)], strategy=strategy) for name, n in sizes.items()}
+        selectors = self._node_selectors(bundle, sizes)
+        strategy = "STRICT_PACK" if c.num_nodes == 1 else "PACK"  # PACK: the selectors say which node
+        pgs = {name: placement_group([dict(bundle) for _ in range(n)], strategy=strategy,
+                                     **({"bundle_label_selector": selectors[name]} if selectors else {}))
+               for name, n in sizes.items()}
         try:
             ray.get([pg.ready() for pg in pgs.values()], timeout=self.startup_timeout)
         except Exception as exc:  # GetTimeoutError: the bundles cannot be placed (fragmented, nodes busy)
             for pg in pgs.values():
                 _remove_placement_group(pg)
-            raise GrpoSdkError(f"could not reserve {sum(sizes.values())} bundles of {bundle} ({strategy}) within "
-                               f"cluster.startup_timeout_s={self.startup_timeout:g} s: {type(exc).__name__}; "
+            where = f" on nodes {', '.join(map(nodes.short, self.nodes or []))}" if self.nodes else ""
+            raise GrpoSdkError(f"could not reserve {sum(sizes.values())} bundles of {bundle} ({strategy}{where}) "
+                               f"within cluster.startup_timeout_s={self.startup_timeout:g} s: {type(exc).__name__}; "
                                f"available now: {ray.available_resources()}") from exc
         if self.colocated:
             groups = {"policy": pgs["shared"], "teacher": pgs["shared"], "generation": pgs["shared"]}
@@ -206,6 +222,40 @@ class RayRuntime:
         self.placement = Placement(groups=groups, shares=shares, bundle=bundle, sizes=role_sizes)
         return self.placement
 
+    def _node_selectors(self, bundle: dict[str, float], sizes: dict[str, int]) -> dict[str, list[dict[str, str]]]:
+        """With cluster.num_nodes > 1: the node of every bundle, as a label selector per bundle of each
+        placement group (grpo_sdk.runtime.nodes: contiguous blocks, one per node; self.nodes records
+        the nodes). Nothing on one node, where STRICT_PACK lets Ray pick it."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        n = self.cluster.num_nodes
+        if n == 1:
+            return {}
+        if "bundle_label_selector" not in inspect.signature(placement_group).parameters:
+            raise GrpoSdkError(f"cluster.num_nodes={n} needs per-bundle node selectors in placement groups, which "
+                               f"ray {ray.__version__} lacks; install a newer Ray (pip install -U 'grpo-sdk[ray]')")
+        node_of = nodes.node_of_bundles(sum(sizes.values()), n)
+        self.nodes = nodes.choose_nodes(ray.nodes(), nodes.block_resources(bundle, node_of, n),
+                                        driver_node=ray.get_runtime_context().get_node_id(),
+                                        address=self.cluster.address)
+        selectors, start = {}, 0
+        for name, size in sizes.items():  # the groups' bundles in order: policy ranks first, then replicas
+            selectors[name] = [{nodes.NODE_LABEL: self.nodes[node_of[start + i]]} for i in range(size)]
+            start += size
+        return selectors
+
+    def _record_placement(self) -> None:
+        """``<run dir>/placement.json``: every worker's node, as the worker reported it (nodes.placement_record)."""
+        if self.run_dir is None:
+            return
+        record = nodes.placement_record(self.cluster.num_nodes, self.nodes,
+                                        [w for group in self.groups for w in group.workers])
+        try:
+            write_text_atomic(Path(self.run_dir) / PLACEMENT_FILE, json.dumps(record, indent=2) + "\n")
+        except OSError as exc:  # a record, not the run: the checkpoints report a full disk themselves
+            log.warning(f"could not write {PLACEMENT_FILE}: {exc}")
+
     # --- building components --------------------------------------------------------------------
 
     def build(self, kind: str, name: str, config: Any, context: Any) -> Any:
@@ -214,6 +264,7 @@ class RayRuntime:
             # rollout endpoint, served where the rollouts are collected): it needs no actors.
             return self.registry.load_impl(kind, name)(config, context)
         self._check_remote_component(kind, name)
+        self.run_dir = self.run_dir or getattr(context, "run_dir", None)
         self.registry.get(kind, name)  # a clear PluginError (unknown, missing extra) before any actor starts
         if kind == "policy":
             return self._build_policy(name, config, context)
@@ -335,7 +386,7 @@ class RayRuntime:
             infos = gather([Call(w, "start", w.actor.ping.remote()) for w in workers], timeout=left(),
                            deadline_key=key)
             for worker, info in zip(workers, infos):
-                worker.pid, worker.node = info["pid"], info["node"]
+                worker.pid, worker.node, worker.node_id = info["pid"], info["node"], info.get("node_id")
             if rendezvous:
                 addr, port = gather([Call(workers[0], "store_address", workers[0].actor.store_address.remote())],
                                     timeout=left(), deadline_key=key)[0]
@@ -349,6 +400,9 @@ class RayRuntime:
         group.methods = set.intersection(*(set(info["methods"]) for info in infos))
         group.specs = specs
         self.groups.append(group)
+        log.info(f"{group.workers[0].role} workers on nodes "
+                 + ", ".join(f"{w.index}: {nodes.short(w.node_id)}" for w in workers))
+        self._record_placement()
 
     def _spec(self, kind: str, name: str, config: Any, context: Any, *, rank: int = 0,
               world_size: int = 1) -> WorkerSpec:
@@ -473,6 +527,9 @@ def start_local_cluster(**options: Any) -> LocalCluster:
 
     saved = _token_auth()
     before = _children(os.getpid())
+    # "local": a new cluster, always. Without an address ray.init joins the last cluster started on
+    # the machine (/tmp/ray/ray_current_cluster: anyone's `ray start`), with its owner's settings.
+    options.setdefault("address", "local")
     try:
         with _loopback_node():
             context = ray.init(**options)

@@ -115,7 +115,9 @@ class ComponentWorker:
     # --- startup --------------------------------------------------------------------------------
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "node": node_ip()}
+        import ray
+
+        return {"pid": os.getpid(), "node": node_ip(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def free_address(self) -> tuple[str, int]:
         """An address on this worker's node where a rendezvous can listen (rank 0 of a group)."""

@@ -3,8 +3,8 @@
 
 * Which config a run directory gets: a directory that already holds checkpoints resumes with
   its saved ``config.resolved.yaml`` (files and overrides layered on top, as ``--resume`` does),
-  and a change to anything but the resumable keys (steps, epochs, logging, checkpoint cadence) is
-  refused with the difference shown: a 5-digit run must not silently continue as an 8-digit one.
+  and a change to anything but the resumable keys (steps, epochs, logging, checkpoint cadence,
+  the Ray cluster.address) is refused with the difference shown: a 5-digit run must not silently continue as an 8-digit one.
 * The run directory's lock, the "already finished" answer, the refusal to write a second run's
   metrics into a directory without a checkpoint.
 * Third-party progress bars (transformers' shard writing, huggingface_hub, datasets) are off while
@@ -36,6 +36,8 @@ RESUMABLE_KEYS = (
     # Async GRPO: how the resumed run treats its replay buffer, and how long it waits (docs/async.md).
     "checkpointing.load_replay_buffer", "grpo.async_grpo.max_trajectory_age_steps",
     "grpo.async_grpo.starvation_timeout_s",
+    # Where the Ray cluster is: a head restarted after a lost node listens on a new port.
+    "cluster.address",
 )
 MAX_SHOWN_CHANGES = 20
 
