@@ -93,8 +93,10 @@ def build_model(out: Path, *, hidden: int = 128, layers: int = 2, intermediate: 
     is a near-constant input to the LM head; only the EOS row reads it, with the weight that puts
     the EOS logit where softmax gives it ``eos_probability`` (calibrated on random sequences).
     """
+    import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    transformers.utils.logging.disable_progress_bar()
     tokenizer = train_tokenizer()
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
