@@ -23,6 +23,10 @@ are medians after dropping the warm-up steps. Run from the repo root (bench venv
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv-bench/bin/python benchmarks/trl_side_by_side.py --steps 20
 
+The model, the reward environment, both trainers and the bare loop come from ``_common.py``
+(shared with ``scale.py``). grpo-sdk's recipe turns validation off (no validation set; TRL
+validates nothing either).
+
 Targets (the benchmark issue): grpo-sdk s/step <= 0.6 x TRL's; bare-loop tok/s / grpo-sdk tok/s <= 1.2.
 """
 
