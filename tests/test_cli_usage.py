@@ -239,3 +239,58 @@ def test_a_plugin_command_names_the_option_meant(make_site):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1] == "Error: No such option: --nam. Did you mean --name?"
     assert site.grpoctl("acme-hello", "--name", "x").stdout == "hello x\n"
+
+
+# --- lazy built-in subcommands ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["run", "doctor", "report", "export", "serve", "config", "plugins"])
+def test_the_help_summary_of_a_lazy_builtin_is_its_real_help(name):
+    """`grpoctl --help` lists the built-ins from BUILTINS without importing them: each summary must
+    be the command's own first help paragraph, or the listing would drift from `grpoctl NAME --help`."""
+    from grpo_sdk.cli.app import BUILTINS, load_builtin
+
+    command = load_builtin(name)
+    assert command.name == name and hasattr(command, "commands") == BUILTINS[name].group
+    assert " ".join(command.help.split("\n\n")[0].split()) == BUILTINS[name].summary
+
+
+def test_the_root_help_is_the_same_with_every_command_loaded():
+    import typer
+
+    from grpo_sdk.cli.app import BUILTINS, app
+
+    root = typer.main.get_command(app)
+    lazy = root.get_help(root.context_class(root, info_name="grpoctl"))
+    assert not any(isinstance(root.commands[n], type(BUILTINS["run"])) for n in BUILTINS)  # item access loads
+    loaded = root.get_help(root.context_class(root, info_name="grpoctl"))
+    assert lazy == loaded and list(BUILTINS) == [n for n in root.list_commands(None) if n in BUILTINS]
+    assert "run      Train with GRPO." in lazy and "plugins  List and inspect plugins" in lazy
+
+
+def test_root_help_imports_no_subcommand_module():
+    """What `grpoctl --help` costs at start-up (benchmarks/cli_startup.py): no command module, and
+    not the plugin API (the config schema) unless a hook plugin is installed."""
+    import json
+    import subprocess
+
+    code = ("import importlib.metadata as md, io, json, sys, contextlib\n"
+            "from grpo_sdk.cli.app import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    rc = main(['--help'])\n"
+            "print(json.dumps({'rc': rc, 'hooks': bool(md.entry_points(group='grpo_sdk.hooks')), 'help': out.getvalue(),\n"
+            "                  'modules': sorted(m for m in sys.modules if m.startswith('grpo_sdk'))}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["rc"] == 0 and "serve    Serve MODEL behind" in report["help"]
+    assert not [m for m in report["modules"] if m.endswith("_cmd")], report["modules"]
+    if not report["hooks"]:
+        assert "grpo_sdk.plugins" not in report["modules"] and "grpo_sdk.core.config" not in report["modules"]
+
+
+def test_the_hooks_group_spelled_in_the_cli_is_the_plugin_api_one():
+    from grpo_sdk.cli.app import HOOKS_GROUP
+    from grpo_sdk.plugins.specs import HOOKS_GROUP as API_GROUP
+
+    assert HOOKS_GROUP == API_GROUP

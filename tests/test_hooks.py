@@ -345,6 +345,9 @@ def test_grpo_cli_commands_adds_a_working_subcommand(hook_site):
 def test_the_plugin_subcommand_is_in_help(hook_site):
     result = hook_site.grpoctl("--help")
     assert "acme-hello" in result.stdout and "Say hello from a plugin." in result.stdout
+    # in typer's order: the built-in commands, the plugin's, then the groups (built-ins load lazily)
+    listed = [line.split()[0] for line in result.stdout.split("Commands:\n")[1].split("\n\n")[0].splitlines()]
+    assert listed == ["run", "doctor", "report", "export", "serve", "acme-hello", "config", "plugins"], listed
 
 
 def test_grpo_config_sections_adds_a_section_config_validate_accepts(hook_site):

@@ -29,6 +29,10 @@ __all__ = [
     "train",
 ]
 
+# The one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic), so
+# `grpoctl --version` needs no importlib.metadata lookup (~10-50 ms at start-up).
+__version__ = "0.1.0"
+
 _LAZY = {
     "train": "grpo_sdk.api", "load_config": "grpo_sdk.api", "Trainer": "grpo_sdk.api",
     "export_model": "grpo_sdk.api",
@@ -45,14 +49,6 @@ def __getattr__(name: str):
         import importlib
 
         value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name == "__version__":
-        # importlib.metadata costs ~50 ms, paid by every `grpoctl` start-up otherwise.
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            value = version("grpo-sdk")
-        except PackageNotFoundError:  # running from a source tree that was never installed
-            value = "0+unknown"
     else:
         raise AttributeError(f"module 'grpo_sdk' has no attribute {name!r}")
     globals()[name] = value

@@ -2,26 +2,32 @@
 
 Nothing here imports torch: `grpoctl --help`, `plugins list` and `config validate` stay fast
 and work where torch is broken. `run` and `doctor` import it when they need it.
+
+The built-in subcommands are imported only when one is run or its help is shown: `grpoctl --help`
+lists them from ``BUILTINS`` (their names and first help paragraphs), which saves importing the
+config schema and every command module at each start-up (docs/benchmarks.md, "CLI start-up").
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 import sys
 import traceback
-from typing import Any, Iterator
+from collections.abc import MutableMapping
+from typing import Any, Iterator, NamedTuple
 
 import typer
 from typer.core import TyperGroup
 
-from grpo_sdk.cli import config_cmd, doctor_cmd, export_cmd, plugins_cmd, report_cmd, run_cmd, serve_cmd
 from grpo_sdk.cli.common import EPILOG, STATE
 from grpo_sdk.core.errors import ExitCode, GrpoSdkError
 from grpo_sdk.trainer.signals import STOP, StopNow, exit_code_of
 
 # The click that typer runs on: its own vendored copy since typer 0.2x, the installed click before.
 _CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+_CLICK_UTILS = importlib.import_module(_CLICK_ERRORS.__name__.rpartition(".")[0] + ".utils")
 
 
 @contextlib.contextmanager
@@ -51,10 +57,114 @@ def _takes_overrides(ctx: Any) -> bool:
     return ctx is not None and any(param.name == "overrides" for param in ctx.command.params)
 
 
+class Builtin(NamedTuple):
+    """A built-in subcommand: where it lives, and what `grpoctl --help` says of it without importing it."""
+
+    module: str
+    attr: str  # a command function, or a Typer app for a group
+    summary: str  # the first paragraph of its help; tests/test_cli_usage.py checks it against the real one
+    group: bool = False
+    options: dict[str, Any] = {}
+
+
+# In `grpoctl --help` order: commands, then groups (plugin commands go between them, as typer
+# orders commands registered on `app` before its groups).
+BUILTINS = {
+    "run": Builtin("grpo_sdk.cli.run_cmd", "run", "Train with GRPO. Writes config, plugin versions, metrics.jsonl "
+                   "and checkpoints to the run dir.", options={"no_args_is_help": False}),
+    "doctor": Builtin("grpo_sdk.cli.doctor_cmd", "doctor", "Versions, interpreter, devices and per-plugin status; "
+                      "exit 4 if something is broken."),
+    "report": Builtin("grpo_sdk.cli.report_cmd", "report", "Plot reward, KL, response length, timing, validation "
+                      "and an async run's pipeline; write report.md."),
+    "export": Builtin("grpo_sdk.cli.export_cmd", "export", "Copy a checkpoint's policy (config, safetensors, "
+                      "tokenizer) to OUT, ready for from_pretrained or vLLM."),
+    "serve": Builtin("grpo_sdk.cli.serve_cmd", "serve", "Serve MODEL behind an OpenAI-compatible endpoint (chat, "
+                     "completions, responses, tokenize) until SIGINT or SIGTERM, then exit 0."),
+    "config": Builtin("grpo_sdk.cli.config_cmd", "app", "Show, validate and document run configs.", group=True),
+    "plugins": Builtin("grpo_sdk.cli.plugins_cmd", "app", "List and inspect plugins: backends, estimators, "
+                       "environments, transports, loggers, hooks.", group=True),
+}
+
+
+def load_builtin(name: str) -> Any:
+    """The click command of built-in subcommand ``name``, built exactly as ``app.command`` /
+    ``app.add_typer`` on the root would build it."""
+    spec = BUILTINS[name]
+    target = getattr(importlib.import_module(spec.module), spec.attr)
+    holder = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False)
+    holder.callback()(lambda: None)  # a callback: typer builds a group even around one command
+    if spec.group:
+        holder.add_typer(target, name=name)
+    else:
+        holder.command(name, epilog=EPILOG, **spec.options)(target)
+    return typer.main.get_command(holder).commands[name]
+
+
+class LazyCommands(MutableMapping):
+    """The root's subcommands by name, in help order; a built-in one is imported on first access.
+    Plain iteration (names, `in`) imports nothing; ``peek`` tells whether one is loaded yet."""
+
+    def __init__(self, registered: dict[str, Any]) -> None:
+        def is_group(command: Any) -> bool:
+            return hasattr(command, "commands")
+
+        commands = [n for n in BUILTINS if not BUILTINS[n].group]
+        groups = [n for n in BUILTINS if BUILTINS[n].group]
+        # a plugin's command of a built-in's name replaces it, in the built-in's place (as a dict would)
+        order = ([*commands, *(n for n, c in registered.items() if not is_group(c) and n not in BUILTINS), *groups,
+                  *(n for n, c in registered.items() if is_group(c) and n not in BUILTINS)])
+        self._items: dict[str, Any] = {name: registered.get(name, BUILTINS.get(name)) for name in order}
+
+    def peek(self, name: str) -> Any:
+        """The command, or its ``Builtin`` when it is not imported yet."""
+        return self._items[name]
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._items[name]
+        if isinstance(value, Builtin):
+            value = self._items[name] = load_builtin(name)
+        return value
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._items[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class RootGroup(TyperGroup):
     """`grpoctl`: every subcommand is parsed inside the root's ``invoke``, so a mistyped option of
     any command, plugin commands included, gets its did-you-mean here. Unknown commands already
-    get one from typer (``suggest_commands``)."""
+    get one from typer (``suggest_commands``). The built-in subcommands load lazily (``LazyCommands``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = LazyCommands(dict(self.commands))
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # typer's reads every value, which would import every command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """typer's listing, with a built-in that is not imported yet summarised from ``BUILTINS``."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands.peek(name)
+            if not isinstance(command, Builtin) and command.hidden:
+                continue
+            rows.append((name, command))
+        if not rows:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+        lines = [(name, _CLICK_UTILS.make_default_short_help(command.summary, limit) if isinstance(command, Builtin)
+                  else command.get_short_help_str(limit)) for name, command in rows]
+        with formatter.section("Commands"):
+            formatter.write_dl(lines)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         with _did_you_mean():
@@ -91,13 +201,6 @@ def root(version: bool = typer.Option(False, "--version", callback=_version_call
     """grpoctl: GRPO post-training from the command line."""
 
 
-app.command("run", epilog=EPILOG, no_args_is_help=False)(run_cmd.run)
-app.add_typer(config_cmd.app, name="config")
-app.add_typer(plugins_cmd.app, name="plugins")
-app.command("doctor", epilog=EPILOG)(doctor_cmd.doctor)
-app.command("report", epilog=EPILOG)(report_cmd.report)
-app.command("export", epilog=EPILOG)(export_cmd.export)
-app.command("serve", epilog=EPILOG)(serve_cmd.serve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,21 +236,35 @@ def main(argv: list[str] | None = None) -> int:
             STOP.uninstall()
 
 
+# grpo_sdk.plugins.specs.HOOKS_GROUP, spelled out: importing grpo_sdk.plugins builds the config
+# schema (~30 ms), which `grpoctl --help` needs only when a hook plugin is installed
+# (tests/test_cli_usage.py checks the two agree).
+HOOKS_GROUP = "grpo_sdk.hooks"
+
+
 def _run_app(argv: list[str] | None) -> int:
+    import importlib.metadata as md
+
+    STATE.host, STATE.registry = None, None  # get_registry() makes the host when a command needs it
+    if md.entry_points(group=HOOKS_GROUP):  # hook plugins may add commands: load them before parsing
+        _load_hook_plugins()
+    app(args=argv, standalone_mode=True)
+    return 0
+
+
+def _load_hook_plugins() -> None:
     from grpo_sdk.plugins.host import PluginHost
 
-    STATE.host, STATE.registry = PluginHost(), None
+    STATE.host = PluginHost()
     try:
         STATE.host.load_entry_points()
     except GrpoSdkError as exc:  # only under GRPO_SDK_STRICT_PLUGINS
         print(f"error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
+        raise SystemExit(int(exc.exit_code)) from None
     for plugin in STATE.host.plugins:
         if plugin.status != "ok":
             print(f"grpo-sdk: warning: hook plugin {plugin.name!r} failed to load: {plugin.problem}", file=sys.stderr)
     STATE.host.cli_commands(app)
-    app(args=argv, standalone_mode=True)
-    return 0
 
 
 if __name__ == "__main__":
