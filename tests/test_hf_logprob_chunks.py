@@ -125,7 +125,7 @@ def test_a_micro_batch_with_nothing_to_score_still_gives_every_parameter_a_gradi
 
 
 def test_default_chunk_bounds_the_float32_logits():
-    assert default_chunk_size(151_936) == 441 and 441 * 151_936 * 4 <= forward.LOGITS_CHUNK_BYTES
+    assert default_chunk_size(151_936) == 110 and 110 * 151_936 * 4 <= forward.LOGITS_CHUNK_BYTES
     assert default_chunk_size(25) == forward.LOGITS_CHUNK_BYTES // 100
     assert default_chunk_size(2**40) == 1
 

@@ -580,7 +580,7 @@ class PolicyConfig:
     logprob_chunk_size: int | None = option(None, "Positions whose logits are computed at once: the LM head and "
                                             "log-softmax run only at response positions, this many at a time, so "
                                             "the [batch, length, vocab] float32 logits never exist whole; null: "
-                                            "as many as fit 256 MiB of float32 logits (441 at a 151,936-token "
+                                            "as many as fit 64 MiB of float32 logits (110 at a 151,936-token "
                                             "vocabulary).", validator=v.optional(token_count))
     dynamic_batching: DynamicBatchingConfig = option(factory=DynamicBatchingConfig, help="Micro-batches by "
                                                      "token budget (the seed's policy.dynamic_batching).")

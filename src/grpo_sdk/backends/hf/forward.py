@@ -37,9 +37,10 @@ from grpo_sdk.plugins.tensors import process_logits, token_logprobs
 
 log = logging.getLogger(__name__)
 
-LOGITS_CHUNK_BYTES = 256 * 2**20
-"""The float32 logits of one chunk with ``policy.logprob_chunk_size`` null: 441 positions at a
-151,936-token vocabulary, 2,048 at 32,768."""
+LOGITS_CHUNK_BYTES = 64 * 2**20
+"""The float32 logits of one chunk with ``policy.logprob_chunk_size`` null: 110 positions at a
+151,936-token vocabulary, 512 at 32,768. The log-softmax needs about two more tensors of that
+size at once (``logsumexp``'s temporaries), top-p filtering a few more."""
 
 _HEAD_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the probe's verdict
 
@@ -107,7 +108,9 @@ def _chunks(rows: torch.Tensor, targets: torch.Tensor, project: Callable, chunk_
     temperature, top_k, top_p, with_unfiltered = sampling
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        scaled = project(h).float() / temperature
+        scaled = project(h).float()
+        if temperature != 1.0:  # x / 1 is x: no copy of the chunk for it
+            scaled = scaled / temperature
         filtered = token_logprobs(process_logits(scaled, 1.0, top_k, top_p), t)
         return (filtered, token_logprobs(scaled, t)) if with_unfiltered else (filtered,)
 
