@@ -91,7 +91,7 @@ def test_logprobs_and_gradients_equal_the_full_forward_pass(models, name, chunk)
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
-def test_the_head_sees_only_response_positions_in_bounded_chunks(models):
+def test_the_head_sees_only_response_positions_in_bounded_chunks(models, monkeypatch):
     model = copy.deepcopy(models["llama"])
     ids, mask, token_mask = rows()
     sequence_logprobs(model, ids, mask, **SAMPLING, token_mask=token_mask)  # the one-time probe happens here
@@ -108,6 +108,13 @@ def test_the_head_sees_only_response_positions_in_bounded_chunks(models):
     assert scored == 17
     assert [rows for rows, _ in seen] == [5, 5, 5, 2]  # never the prompt, the padding or the last position
     assert head.forward is recording  # an instance-level forward is put back after the call
+    # The default (null) chunk: as many positions as fit LOGITS_CHUNK_BYTES of float32 logits.
+    seen.clear()
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(forward, "LOGITS_CHUNK_BYTES", 4 * vocab * 6 + 3)
+    sequence_logprobs(model, ids, mask, **SAMPLING, token_mask=token_mask)
+    assert [rows for rows, _ in seen] == [6, 6, 5]
+    monkeypatch.undo()
     # Without a token mask every position but the last is scored, as before.
     seen.clear()
     sequence_logprobs(model, ids, mask, **SAMPLING, chunk_size=100)

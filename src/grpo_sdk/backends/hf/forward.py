@@ -76,6 +76,8 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
               "use_cache": False}
     head = model.get_output_embeddings()
     exact = head is not None and _head_is_exact(model, head, input_ids, attention_mask)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(_vocab_size(model, head))
     sampling = (temperature, top_k, top_p, with_unfiltered)
     anchor = torch.is_grad_enabled() and not targets.numel()
 
@@ -115,7 +117,7 @@ def _chunks(rows: torch.Tensor, targets: torch.Tensor, project: Callable, chunk_
         return (filtered, token_logprobs(scaled, t)) if with_unfiltered else (filtered,)
 
     n = rows.shape[0]
-    size = chunk_size or n or 1
+    size = chunk_size
     if n <= size:
         return piece(rows, targets)
     parts = []
@@ -123,6 +125,14 @@ def _chunks(rows: torch.Tensor, targets: torch.Tensor, project: Callable, chunk_
         h, t = rows[start:start + size], targets[start:start + size]
         parts.append(checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() else piece(h, t))
     return tuple(torch.cat(column) for column in zip(*parts))
+
+
+def _vocab_size(model, head) -> int:
+    weight = getattr(head, "weight", None)  # under FSDP2 a DTensor: its shape is the whole tensor's
+    if weight is not None:
+        return int(weight.shape[0])
+    config = model.config
+    return int((config.get_text_config() if hasattr(config, "get_text_config") else config).vocab_size)
 
 
 def _logits_fn(model, head) -> Callable:
