@@ -21,8 +21,15 @@ parameter GPT-2 (n_embd 512, 8 layers, the built-in recipe's 24-token vocabulary
 a 48-token response), ``before`` and ``after`` alternated ``--repeats`` times in one process, one
 thread; median seconds.
 
+Padding (``--padding``): ``HFPolicy.train`` (forward, backward, AdamW step) on a long-tailed batch
+(32 rows, 8-token prompts, responses drawn 5..256 tokens from a Pareto tail) with padded
+micro-batches of 8 rows, with ``policy.dynamic_batching`` and with ``policy.sequence_packing``
+(budgets of 8 x 264 tokens, the padded path's), alternated; a ~3.2M-parameter GPT-2 (n_embd 256,
+4 layers), one thread; median seconds.
+
     PYTHONPATH=src python benchmarks/logprob_memory.py            # memory table
     PYTHONPATH=src python benchmarks/logprob_memory.py --time     # step time
+    PYTHONPATH=src python benchmarks/logprob_memory.py --padding  # padded / dynamic / packed train
 """
 
 from __future__ import annotations
@@ -112,7 +119,8 @@ def step_time(repeats: int) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=24, n_positions=128, n_embd=512, n_layer=8, n_head=8)).eval()
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=24, n_positions=128, n_embd=512, n_layer=8, n_head=8,
+                                       bos_token_id=0, eos_token_id=0)).eval()
     params = sum(p.numel() for p in model.parameters())
     ids, mask, token_mask = batch(24, 16, 96, 48)
     sampling = dict(temperature=1.0, top_k=None, top_p=1.0, token_mask=token_mask)
@@ -129,11 +137,70 @@ def step_time(repeats: int) -> None:
           f"after/before {a / b:.3f}")
 
 
+def padding_time(repeats: int) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from grpo_sdk.algorithms.loss import ClippedPGLoss
+    from grpo_sdk.backends.hf.policy import HFPolicy
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.core.records import TrainBatch
+    from grpo_sdk.plugins.registry import Registry
+    from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
+
+    rows, prompt, longest = 32, 8, 256
+    g = torch.Generator().manual_seed(0)
+    lengths = (5 * (1 - torch.rand(rows, generator=g)) ** (-1 / 1.2)).long().clamp(5, longest).tolist()
+    width = prompt + longest
+    ids = torch.randint(4, 20, (rows, width), generator=g)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    token_mask = torch.zeros(rows, width)
+    for i, n in enumerate(lengths):
+        mask[i, :prompt + n] = 1
+        token_mask[i, prompt:prompt + n] = 1
+    data = TrainBatch(input_ids=ids, attention_mask=mask, token_mask=token_mask, sample_mask=torch.ones(rows),
+                      generation_logprobs=torch.zeros(ids.shape), group_ids=torch.arange(rows) // 8,
+                      rewards=torch.zeros(rows), advantages=torch.randn(rows, 1, generator=g).expand(rows, width))
+    registry = Registry.discover()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_gpt2(Path(tmp) / "m", seed=0, n_embd=256, n_layer=4, n_head=4, n_positions=width)
+        policies = {}
+        budget = 8 * width
+        for name, extra in (("padded", []),
+                            ("dynamic", ["policy.dynamic_batching.enabled=true",
+                                         f"policy.dynamic_batching.train_mb_tokens={budget}"]),
+                            ("packed", ["policy.sequence_packing.enabled=true",
+                                        f"policy.sequence_packing.train_mb_tokens={budget}"])):
+            cfg = load_config(None, [f"policy.model_name={model_dir}", "policy.train_micro_batch_size=8",
+                                     f"policy.max_total_sequence_length={width}", "policy.generation.max_new_tokens=8",
+                                     "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", *extra],
+                              registry)
+            context = RunContext(config=cfg, run_dir=model_dir, model_path=str(model_dir),
+                                 tokenizer_path=str(model_dir), device="cpu", seed=0, needs_reference=False)
+            policies[name] = (HFPolicy(None, context), ClippedPGLoss(cfg.loss_fn))
+        times = {name: [] for name in policies}
+        for _ in range(repeats + 1):
+            for name, (policy, loss_fn) in policies.items():
+                start = time.perf_counter()
+                policy.train(data, loss_fn)
+                times[name].append(time.perf_counter() - start)
+    real = sum(lengths) + rows * prompt
+    print(f"GPT-2 n_embd 256, 4 layers; {rows} rows, responses {min(lengths)}..{max(lengths)} tokens (median "
+          f"{statistics.median(lengths):.0f}); real tokens {real} of {rows * width} padded; one thread; median of "
+          f"{repeats} train calls:")
+    base = statistics.median(times["padded"][1:])
+    for name, values in times.items():
+        median = statistics.median(values[1:])
+        print(f"  {name:<8} {median:.3f} s  ({median / base:.2f}x padded)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--chunk", type=int, default=None, help="policy.logprob_chunk_size (default: null)")
     parser.add_argument("--time", action="store_true", help="time a training micro-batch step instead")
+    parser.add_argument("--padding", action="store_true", help="time padded / dynamic / packed training")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -141,6 +208,8 @@ def main() -> None:
         print(json.dumps(one(*args.one, args.chunk)))
     elif args.time:
         step_time(args.repeats)
+    elif args.padding:
+        padding_time(args.repeats)
     else:
         memory_table(args.chunk)
 

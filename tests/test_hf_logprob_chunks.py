@@ -216,7 +216,8 @@ def test_policy_training_is_the_same_with_any_chunk_size(tiny_model_dir, registr
         ids, mask, token_mask = greedy(policy.model, *rows())  # sampled tokens are never filtered out
         batch = TrainBatch(input_ids=ids, attention_mask=mask, token_mask=token_mask, sample_mask=torch.ones(4),
                            generation_logprobs=torch.zeros(ids.shape), group_ids=torch.zeros(4, dtype=torch.long),
-                           rewards=torch.zeros(4), advantages=torch.randn(4, 14, generator=torch.Generator().manual_seed(2)))
+                           rewards=torch.zeros(4),
+                           advantages=torch.randn(4, 14, generator=torch.Generator().manual_seed(2)))
         batch.prev_logprobs = policy.logprobs(batch)
         batch.reference_logprobs = policy.reference_logprobs(batch) - 0.1
         metrics = policy.train(batch, ClippedPGLoss(cfg.loss_fn))

@@ -643,5 +643,6 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry) + check_async(cfg, registry) + check_episodes(cfg, registry)
+            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry)
+            + check_async(cfg, registry) + check_episodes(cfg, registry)
             + check_components(cfg, registry))

@@ -106,7 +106,8 @@ def padding_free_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
         first += [1] + [0] * (n - 1) if n else []
         offset = offset + n if pack else 0
     device = input_ids.device
-    src_r, src_c, dst_r, dst_c = (torch.tensor(x, dtype=torch.long, device=device) for x in (src_r, src_c, dst_r, dst_c))
+    src_r, src_c, dst_r, dst_c = (torch.tensor(x, dtype=torch.long, device=device)
+                                  for x in (src_r, src_c, dst_r, dst_c))
     new_rows = 1 if pack else rows
     new_width = max(1, round_up(offset if pack else max(lengths, default=1), round_to))
     ids = torch.zeros(new_rows, new_width, dtype=input_ids.dtype, device=device)

@@ -195,7 +195,8 @@ class HFPolicy:
         batching, packing). Data-parallel ranks whose budgets give fewer micro-batches than another
         rank's get ``None`` entries (an idle forward) up to the largest count."""
         if self.batching is None:
-            micro = [list(range(i, min(i + rows_each, batch.batch_size))) for i in range(0, batch.batch_size, rows_each)]
+            micro = [list(range(i, min(i + rows_each, batch.batch_size)))
+                     for i in range(0, batch.batch_size, rows_each)]
         else:
             key = f"policy.{self.batching['name']}.{budget_key}"
             _, lengths = spans(batch.attention_mask, key)
