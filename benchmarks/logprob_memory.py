@@ -22,9 +22,9 @@ a 48-token response), ``before`` and ``after`` alternated ``--repeats`` times in
 thread; median seconds.
 
 Padding (``--padding``): ``HFPolicy.train`` (forward, backward, AdamW step) on a long-tailed batch
-(32 rows, 8-token prompts, responses drawn 5..256 tokens from a Pareto tail) with padded
+(32 rows, 8-token prompts, responses 5..256 tokens from a Pareto tail, shape 0.8: median 9, max 226) with padded
 micro-batches of 8 rows, with ``policy.dynamic_batching`` and with ``policy.sequence_packing``
-(budgets of 8 x 264 tokens, the padded path's), alternated; a ~3.2M-parameter GPT-2 (n_embd 256,
+(budgets of 8 rows x the batch's width, the padded path's), alternated; a ~3.2M-parameter GPT-2 (n_embd 256,
 4 layers), one thread; median seconds.
 
     PYTHONPATH=src python benchmarks/logprob_memory.py            # memory table
@@ -151,8 +151,8 @@ def padding_time(repeats: int) -> None:
 
     rows, prompt, longest = 32, 8, 256
     g = torch.Generator().manual_seed(0)
-    lengths = (5 * (1 - torch.rand(rows, generator=g)) ** (-1 / 1.2)).long().clamp(5, longest).tolist()
-    width = prompt + longest
+    lengths = (5 * (1 - torch.rand(rows, generator=g)) ** (-1 / 0.8)).long().clamp(5, longest).tolist()
+    width = prompt + max(lengths)  # padded to the batch's longest row, as the loop pads
     ids = torch.randint(4, 20, (rows, width), generator=g)
     mask = torch.zeros(rows, width, dtype=torch.long)
     token_mask = torch.zeros(rows, width)
@@ -164,7 +164,8 @@ def padding_time(repeats: int) -> None:
                       rewards=torch.zeros(rows), advantages=torch.randn(rows, 1, generator=g).expand(rows, width))
     registry = Registry.discover()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_gpt2(Path(tmp) / "m", seed=0, n_embd=256, n_layer=4, n_head=4, n_positions=width)
+        model_dir = build_tiny_gpt2(Path(tmp) / "m", seed=0, n_embd=256, n_layer=4, n_head=4,
+                                    n_positions=prompt + longest)
         policies = {}
         budget = 8 * width
         for name, extra in (("padded", []),
