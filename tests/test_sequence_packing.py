@@ -129,6 +129,35 @@ def test_no_token_attends_across_a_packed_sequence_boundary(model_dirs, attn):
     torch.testing.assert_close(again[1:], before[1:], rtol=0, atol=1e-6)
 
 
+class AttendsAcross(torch.nn.Module):
+    """A model that always gets an attention mask: transformers then never sees packed positions."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def forward(self, attention_mask=None, **kwargs):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(kwargs["input_ids"])
+        return self.inner(attention_mask=attention_mask, **kwargs)
+
+
+def test_a_model_that_would_attend_across_packed_sequences_is_refused(model_dirs):
+    model = AttendsAcross(load_model(str(model_dirs["llama"]), dtype="float32", device="cpu"))
+    ids, mask, token_mask = ragged_rows()
+    with pytest.raises(ValueError, match="policy.sequence_packing.enabled: AttendsAcross attends across packed "
+                                         "sequences here"):
+        padding_free_logprobs(model, ids, mask, token_mask, pack=True, round_to=1,
+                              key="policy.sequence_packing.enabled", **SAMPLING)
+    # dynamic batching does not depend on it
+    want = sequence_logprobs(model, ids, mask, token_mask=token_mask, **SAMPLING)
+    got = padding_free_logprobs(model, ids, mask, token_mask, pack=False, round_to=1, key="k", **SAMPLING)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
 # --- the policy --------------------------------------------------------------------------------
 
 

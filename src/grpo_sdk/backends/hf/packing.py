@@ -24,6 +24,8 @@ error naming the key (the config check already refuses a budget below
 
 from __future__ import annotations
 
+import weakref
+
 import attrs
 import torch
 
@@ -95,6 +97,8 @@ def padding_free_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     """``sequence_logprobs`` of these rows without their padding (all of them in one micro-batch:
     one packed row, or right-padded to the longest), as the input-aligned ``[rows, S]`` tensor(s)."""
     rows, width = input_ids.shape
+    if pack:
+        check_isolation(model, input_ids, key)
     starts, lengths = spans(attention_mask, key)
     src_r, src_c, dst_r, dst_c, first = [], [], [], [], []
     offset = 0
@@ -129,6 +133,31 @@ def padding_free_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     out = tuple(torch.zeros(rows, width, device=lp.device, dtype=lp.dtype).index_put((src_r, src_c), lp[dst_r, dst_c])
                 for lp in (results if isinstance(results, tuple) else (results,)))
     return out if isinstance(results, tuple) else out[0]
+
+
+_ISOLATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the probe passed
+
+
+@torch.no_grad()
+def check_isolation(model, input_ids: torch.Tensor, key: str) -> None:
+    """Once per model: the logits of a sequence packed after another equal its logits alone. Packing
+    relies on transformers turning restarting position ids into a block-diagonal mask; a model (or a
+    transformers release) that does not would attend across sequences silently."""
+    if _ISOLATED.get(model):
+        return
+    tokens = input_ids.flatten()[:12]
+    first, second = tokens[:tokens.numel() // 2], tokens[tokens.numel() // 2:].flip(0)
+    packed = torch.cat([first, second])[None]
+    positions = torch.cat([torch.arange(first.numel()), torch.arange(second.numel())]).to(packed.device)[None]
+    together = model(input_ids=packed, position_ids=positions, use_cache=False).logits[0, first.numel():]
+    alone = model(input_ids=second[None], attention_mask=torch.ones_like(second)[None], use_cache=False,
+                  position_ids=positions[:, first.numel():]).logits[0]
+    tolerance = 1e-4 if alone.dtype == torch.float32 else 2e-2
+    if not torch.allclose(together.float(), alone.float(), rtol=tolerance, atol=tolerance):
+        raise ValueError(f"{key}: {type(model).__name__} attends across packed sequences here (its attention does not "
+                         "build a block-diagonal mask from restarting position ids: transformers 5.x does for eager "
+                         "and SDPA attention); use policy.dynamic_batching instead")
+    _ISOLATED[model] = True
 
 
 def _offsets(lengths: list[int]) -> list[int]:

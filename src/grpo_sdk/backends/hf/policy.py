@@ -202,7 +202,7 @@ class HFPolicy:
             _, lengths = spans(batch.attention_mask, key)
             micro = plan(lengths, self.batching[budget_key], self.batching["round"], pack=self.batching["pack"],
                          key=key)
-        if self.dp:
+        if self.dp and self.batching is not None:  # fixed row counts are equal on every rank already
             micro += [None] * (distributed.max_over_ranks(len(micro), self.device) - len(micro))
         return micro
 
@@ -213,7 +213,7 @@ class HFPolicy:
                                      **forward)
         return padding_free_logprobs(model, micro.input_ids, micro.attention_mask, micro.token_mask,
                                      pack=self.batching["pack"], round_to=self.batching["round"],
-                                     key=f"policy.{self.batching['name']}", **forward)
+                                     key=f"policy.{self.batching['name']}.enabled", **forward)
 
     def _idle_forward(self, model, batch: TrainBatch) -> torch.Tensor:
         """A one-token forward pass scoring nothing: 0, with a (zero) gradient for every parameter."""
