@@ -547,8 +547,9 @@ class DynamicBatchingConfig:
 class SequencePackingConfig:
     enabled: bool = option(False, "Pack several sequences into one row (positions restart per sequence, no "
                            "attention across them) up to a token budget per micro-batch (hf policy): no padding "
-                           "computed. Same loss and gradients as the padded path. The seed (NeMo-RL) defaults this "
-                           "to true; here it is off by default (today's padded micro-batches).")
+                           "computed. Same loss and gradients as the padded path. Pays with long-tailed lengths; with "
+                           "rows of equal length it only adds attention over the whole packed row. The seed (NeMo-RL) "
+                           "defaults this to true; here it is off by default (padded micro-batches).")
     train_mb_tokens: int | None = option(None, "Tokens per packed training micro-batch; null: "
                                          "max_total_sequence_length x train_micro_batch_size. At least "
                                          "max_total_sequence_length (a sequence is never split).",
