@@ -13,7 +13,7 @@ import datetime
 
 import pytest
 import torch
-from conftest import config_problems
+from conftest import config_problems, small_trainer
 
 from grpo_sdk.backends.hf.forward import sequence_logprobs
 from grpo_sdk.backends.hf.loading import load_model
@@ -244,6 +244,28 @@ def test_training_equals_the_padded_path(model_dirs, padded_run, name, switch):
     first = expected["metrics"][0]
     assert first["grad_norm"] > 0 and first["kl_penalty"] > 0  # not vacuous
     assert (expected["trained"] - expected["logprobs"]).abs().max() > 1e-3
+
+
+def test_the_training_loop_logs_the_same_steps(registry, tmp_path, tiny_model_dir):
+    """Two GRPO steps of the built-in recipe (old-policy and reference logprobs, two optimizer steps
+    each, a KL term) padded, dynamically batched and packed: the same metrics."""
+    runs = {}
+    for name, extra in (("padded", []), ("dynamic", ["policy.dynamic_batching.enabled=true",
+                                                     "policy.dynamic_batching.train_mb_tokens=128"]),
+                        ("packed", ["policy.sequence_packing.enabled=true"])):
+        trainer = small_trainer(registry, tmp_path / name, tiny_model_dir, "policy.train_global_batch_size=8",
+                                "loss_fn.reference_policy_kl_penalty=0.01", *extra)
+        steps = []
+        for _ in range(2):
+            metrics, _ = trainer.train_step()
+            trainer.state.step += 1
+            steps.append(metrics)
+        runs[name] = steps
+    for name in ("dynamic", "packed"):
+        for got, want in zip(runs[name], runs["padded"]):
+            for key in ("loss", "grad_norm", "kl_penalty", "reward/mean", "token_mult_prob_error"):
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (name, key)
+    assert runs["padded"][1]["kl_penalty"] > 0
 
 
 # --- two FSDP2 ranks ---------------------------------------------------------------------------
