@@ -28,7 +28,7 @@ def test_strings_are_converted_to_members():
 
 def test_a_typo_fails_at_construction_listing_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown capability 'generates_prompt'; the valid ones: cuda_ipc, "
-                                         r"generates_prompts, group_baseline"):
+                                         r"dynamic_batching, generates_prompts, group_baseline"):
         spec("environment", {"generates_prompt"})
     with pytest.raises(ValueError, match="not the string"):
         spec("environment", "generates_prompts")  # a bare string would be read as its letters
@@ -41,6 +41,9 @@ def test_a_capability_of_another_kind_fails():
     # The generation kind's list, pinned: in_flight_weight_updates (async GRPO) and receives_broadcast (engines) joined cuda_ipc.
     with pytest.raises(ValueError, match=r"\(valid for generation: cuda_ipc, in_flight_weight_updates, receives_broadcast\)"):
         spec("generation", {"kl_in_reward"})
+    # The policy kind's: what the config checks require of a policy for its batching keys (issue 20).
+    with pytest.raises(ValueError, match=r"\(valid for policy: dynamic_batching, logprob_chunks, sequence_packing\)"):
+        spec("policy", {"cuda_ipc"})
 
 
 @pytest.mark.parametrize("removed", ["colocated", "inprocess", "disk", "sleep", "collective", "reward_components"])

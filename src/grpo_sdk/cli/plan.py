@@ -151,11 +151,17 @@ def _rows_line(cfg: Any, rows: int, optimizer_steps: int, global_batch: int) -> 
     grpo, policy = cfg.grpo, cfg.policy
     micro = math.ceil(global_batch / policy.train_micro_batch_size)
     micro_rows = min(global_batch, policy.train_micro_batch_size)
+    micro_text = (f"{_n(micro, 'micro-batch', 'es')} of {'up to ' * (global_batch % micro_rows != 0)}{micro_rows} "
+                  "rows (policy.train_micro_batch_size)")
+    for name in ("sequence_packing", "dynamic_batching"):
+        block = getattr(policy, name)
+        if block.enabled:  # the count depends on the lengths: only the budget is known here
+            budget = block.train_mb_tokens or policy.max_total_sequence_length * policy.train_micro_batch_size
+            micro_text = f"micro-batches of up to {budget:,} tokens (policy.{name})"
     line = (f"{rows} rows ({grpo.num_prompts_per_step} prompts x {grpo.num_generations_per_prompt} generations); "
             f"{_n(optimizer_steps, 'optimizer step')} of {global_batch} rows"
             + (" (policy.train_global_batch_size)" if policy.train_global_batch_size else "")
-            + (", each" if optimizer_steps > 1 else "") + f" in {_n(micro, 'micro-batch', 'es')} of "
-            f"{'up to ' * (global_batch % micro_rows != 0)}{micro_rows} rows (policy.train_micro_batch_size)")
+            + (", each" if optimizer_steps > 1 else "") + f" in {micro_text}")
     if grpo.use_dynamic_sampling:
         per_batch = int(grpo.num_prompts_per_step * grpo.batch_multiplier) * grpo.num_generations_per_prompt
         line += (f"; dynamic sampling generates {per_batch} rows per batch, up to "
@@ -366,8 +372,14 @@ def _memory(cfg: Any, registry: Any, model: ModelSize) -> tuple[dict[str, int], 
         policy_states = parts["weights"] + parts["gradients"] + parts["adamw_moments"] + parts.get("reference_model", 0)
         lines.append(f"policy states per rank: about {human_bytes(policy_states / cfg.cluster.policy_workers)} "
                      f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
-    logits = (f"the logits of one micro-batch alone are {policy.train_micro_batch_size} x "
-              f"{policy.max_total_sequence_length} x {model.vocab_size:,} values, " if model.vocab_size else "")
+    logits = ""
+    if model.vocab_size and policy.backend == "hf":  # response positions only, in chunks (backends/hf/forward.py)
+        chunk = min(policy.logprob_chunk_size or max(1, 64 * 2**20 // (4 * model.vocab_size)),
+                    policy.train_micro_batch_size * policy.max_total_sequence_length)
+        logits = f"logits of {chunk:,} positions x {model.vocab_size:,} values at a time (policy.logprob_chunk_size), "
+    elif model.vocab_size:
+        logits = (f"the logits of one micro-batch alone are {policy.train_micro_batch_size} x "
+                  f"{policy.max_total_sequence_length} x {model.vocab_size:,} values, ")
     lines.append(f"not counted: activations ({logits}more with gradients), generation's KV cache, and the "
                  "framework's and allocator's overhead")
     return parts, lines

@@ -74,6 +74,15 @@ class Capability(enum.StrEnum):
     ``resume_generation(recompute_kv_cache=)``; the class implements ``PausesForRefit``. So async
     GRPO's refit need not drain it; ``grpo.async_grpo.in_flight_weight_updates=true`` requires it.
     Read by the config checks and the contract kit (``PausesForRefit`` must be there)."""
+    DYNAMIC_BATCHING = "dynamic_batching"
+    """policy: honours ``policy.dynamic_batching`` (micro-batches by token budget). Read by the config
+    checks: ``policy.dynamic_batching.enabled=true`` needs it."""
+    SEQUENCE_PACKING = "sequence_packing"
+    """policy: honours ``policy.sequence_packing`` (several sequences per row). Read by the config
+    checks: ``policy.sequence_packing.enabled=true`` needs it."""
+    LOGPROB_CHUNKS = "logprob_chunks"
+    """policy: honours ``policy.logprob_chunk_size`` (logits computed that many positions at a
+    time). Read by the config checks: a non-null ``policy.logprob_chunk_size`` needs it."""
 
 
 CAPABILITY_KINDS: dict[Capability, str] = {
@@ -89,6 +98,9 @@ CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.CUDA_IPC: "generation",
     Capability.IN_FLIGHT_WEIGHT_UPDATES: "generation",
     Capability.RECEIVES_BROADCAST: "generation",
+    Capability.DYNAMIC_BATCHING: "policy",
+    Capability.SEQUENCE_PACKING: "policy",
+    Capability.LOGPROB_CHUNKS: "policy",
 }
 """The component kind each capability applies to."""
 

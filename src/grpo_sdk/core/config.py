@@ -527,6 +527,44 @@ class GenerationConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DynamicBatchingConfig:
+    enabled: bool = option(False, "Micro-batches by token budget instead of train_micro_batch_size / "
+                           "logprob_batch_size rows: rows sorted by length and grouped while rows x width fits the "
+                           "budget, each group's padding trimmed to its longest row (hf policy). Same loss and "
+                           "gradients as the padded path. Not together with sequence_packing.")
+    train_mb_tokens: int | None = option(None, "Token budget of a training micro-batch; null: "
+                                         "max_total_sequence_length x train_micro_batch_size. At least "
+                                         "max_total_sequence_length (a row is never split).",
+                                         validator=v.optional(token_count))
+    logprob_mb_tokens: int | None = option(None, "Token budget of a logprob micro-batch; null: "
+                                           "max_total_sequence_length x logprob_batch_size.",
+                                           validator=v.optional(token_count))
+    sequence_length_round: int = option(64, "A micro-batch's width is its longest row rounded up to a multiple "
+                                        "of this (fewer distinct shapes).", validator=token_count)
+
+
+@attrs.frozen(kw_only=True)
+class SequencePackingConfig:
+    enabled: bool = option(False, "Pack several sequences into one row (positions restart per sequence, no "
+                           "attention across them) up to a token budget per micro-batch (hf policy): no padding "
+                           "computed. Same loss and gradients as the padded path. Pays with long-tailed lengths; with "
+                           "rows of equal length it only adds attention over the whole packed row. The seed (NeMo-RL) "
+                           "defaults this to true; here it is off by default (padded micro-batches).")
+    train_mb_tokens: int | None = option(None, "Tokens per packed training micro-batch; null: "
+                                         "max_total_sequence_length x train_micro_batch_size. At least "
+                                         "max_total_sequence_length (a sequence is never split).",
+                                         validator=v.optional(token_count))
+    logprob_mb_tokens: int | None = option(None, "Tokens per packed logprob micro-batch; null: "
+                                           "max_total_sequence_length x logprob_batch_size.",
+                                           validator=v.optional(token_count))
+    algorithm: Literal["first_fit_decreasing"] = option(
+        "first_fit_decreasing", "Bin packing of sequences into micro-batches: first-fit decreasing (the seed's "
+        "modified_first_fit_decreasing is not implemented).")
+    sequence_length_round: int = option(64, "A packed row is padded at its end to a multiple of this.",
+                                        validator=token_count)
+
+
+@attrs.frozen(kw_only=True)
 class PolicyConfig:
     __plugin__ = PluginSlot.of("policy")
 
@@ -540,6 +578,15 @@ class PolicyConfig:
                                          "micro-batches.", validator=positive)
     logprob_batch_size: int = option(4, "Rows per forward pass when computing logprobs without grad.",
                                      validator=positive)
+    logprob_chunk_size: int | None = option(None, "Positions whose logits are computed at once: the LM head and "
+                                            "log-softmax run only at response positions, this many at a time, so "
+                                            "the [batch, length, vocab] float32 logits never exist whole; null: "
+                                            "as many as fit 64 MiB of float32 logits (110 at a 151,936-token "
+                                            "vocabulary).", validator=v.optional(token_count))
+    dynamic_batching: DynamicBatchingConfig = option(factory=DynamicBatchingConfig, help="Micro-batches by "
+                                                     "token budget (the seed's policy.dynamic_batching).")
+    sequence_packing: SequencePackingConfig = option(factory=SequencePackingConfig, help="Several sequences per "
+                                                     "row (the seed's policy.sequence_packing).")
     max_total_sequence_length: int = option(1024, "Longest prompt + response, in tokens.", validator=token_count)
     precision: Literal["float32", "bfloat16", "float16"] = option("float32", "Parameter dtype of the policy.")
     max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.",

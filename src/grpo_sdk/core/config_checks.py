@@ -544,6 +544,38 @@ def _capabilities(registry: Any, kind: str, name: str) -> frozenset[Capability]:
     return info.spec.capabilities if info is not None and info.spec is not None else frozenset()
 
 
+def check_policy_batching(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """``policy.dynamic_batching`` / ``sequence_packing`` / ``logprob_chunk_size``: one of the two
+    switches at a time, budgets that hold the longest row, and a policy backend that declares each
+    one set (hf does; megatron does not yet)."""
+    policy, problems = cfg.policy, []
+    dynamic, packing = policy.dynamic_batching, policy.sequence_packing
+    if dynamic.enabled and packing.enabled:
+        problems.append(("policy.sequence_packing.enabled", "true together with policy.dynamic_batching.enabled: "
+                         "choose one (packing already micro-batches by token budget)"))
+    longest = policy.max_total_sequence_length
+    for block, name in ((dynamic, "dynamic_batching"), (packing, "sequence_packing")):
+        if not block.enabled:
+            continue
+        for field in ("train_mb_tokens", "logprob_mb_tokens"):
+            budget = getattr(block, field)
+            if budget is not None and budget < longest:
+                problems.append((f"policy.{name}.{field}",
+                                 f"{budget} is less than policy.max_total_sequence_length ({longest}): a row that "
+                                 "long would not fit a micro-batch (rows are never split)"))
+    if registry is None:
+        return problems
+    capabilities = _capabilities(registry, "policy", policy.backend)
+    for on, capability, key in ((dynamic.enabled, Capability.DYNAMIC_BATCHING, "policy.dynamic_batching.enabled"),
+                                (packing.enabled, Capability.SEQUENCE_PACKING, "policy.sequence_packing.enabled"),
+                                (policy.logprob_chunk_size is not None, Capability.LOGPROB_CHUNKS,
+                                 "policy.logprob_chunk_size")):
+        if on and capability not in capabilities:
+            problems.append((key, f"the {policy.backend!r} policy backend does not implement it (its spec does not "
+                             f"declare the {capability.value} capability); unset it or use policy.backend=hf"))
+    return problems
+
+
 def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
     cluster.runtime=ray, except the built-in ``collective`` with a generation engine that receives
@@ -618,5 +650,6 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_async(cfg, registry) + check_episodes(cfg, registry)
+            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry)
+            + check_async(cfg, registry) + check_episodes(cfg, registry)
             + check_components(cfg, registry))

@@ -83,7 +83,10 @@ class Policy(Protocol):
     """
 
     def logprobs(self, batch: TrainBatch) -> Tensor:
-        """Input-aligned logprobs of ``batch.input_ids`` under the current weights (no grad)."""
+        """Input-aligned logprobs of ``batch.input_ids`` under the current weights (no grad).
+
+        Only the columns ``token_mask`` marks (the response tokens) are read; a policy may leave
+        the others 0 (the hf policy computes nothing there)."""
         ...
 
     def reference_logprobs(self, batch: TrainBatch) -> Tensor:

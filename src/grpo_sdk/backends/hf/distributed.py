@@ -152,6 +152,14 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` of any rank, on every rank: e.g. the micro-batch count every rank must run
+    when token budgets give the ranks different counts."""
+    tensor = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def broadcast_json(value, device: torch.device):
     """Rank 0's JSON-able ``value`` on every rank (other ranks pass anything); no pickle."""
     data = json.dumps(value).encode() if dist.get_rank() == 0 else b""

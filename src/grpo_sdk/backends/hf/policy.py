@@ -2,9 +2,11 @@
 
 One GRPO step's rows are split into global batches of ``policy.train_global_batch_size`` rows
 (one optimizer step each), and each global batch into micro-batches of
-``policy.train_micro_batch_size`` rows whose gradients accumulate. The loss function divides by
-token and sequence counts of the whole global batch, so the accumulated gradient does not depend
-on the micro-batch size.
+``policy.train_micro_batch_size`` rows whose gradients accumulate, or, with
+``policy.dynamic_batching`` / ``policy.sequence_packing``, into micro-batches by token budget
+without padding (``packing``). The loss function divides by token and sequence counts of the
+whole global batch, so the accumulated gradient does not depend on how the rows are split.
+Logprobs are computed at response positions only, in chunks (``forward``).
 
 With ``context.world_size > 1`` the policy is one rank of a data-parallel group: the model is
 sharded with FSDP2 and each rank trains on its share of every global batch
@@ -25,7 +27,9 @@ from safetensors.torch import load_file, save_file
 
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
-from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
+from grpo_sdk.backends.hf.forward import sequence_logprobs
+from grpo_sdk.backends.hf.loading import load_model
+from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, select_rows, spans
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
 
@@ -93,6 +97,8 @@ class HFPolicy:
         # With top-k/top-p the KL term uses the unfiltered distribution (a filtered token is -inf).
         filtered = bool(gen.top_k) or gen.top_p < 1.0
         self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
+        self.forward = {**self.sampling, "chunk_size": cfg.policy.logprob_chunk_size}
+        self.batching = _batching(cfg.policy)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
@@ -104,12 +110,14 @@ class HFPolicy:
     def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
         if self.dp:  # this rank's equal share, so every rank runs the same number of chunks
             batch = batch.rows(*distributed.row_share(batch.batch_size, "policy logprobs"))
-        size = self.policy_cfg.logprob_batch_size
-        chunks = [sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
-                                    batch.attention_mask[i:i + size].to(self.device), **self.sampling)
-                  for i in range(0, batch.batch_size, size)]
-        logprobs = torch.cat(chunks)
-        return (distributed.all_gather_rows(logprobs) if self.dp else logprobs).cpu()
+        logprobs = torch.zeros(batch.input_ids.shape)
+        for rows in self._micro_batches(batch, self.policy_cfg.logprob_batch_size, "logprob_mb_tokens"):
+            if rows is None:  # a data-parallel rank with fewer micro-batches keeps FSDP's collectives in step
+                self._idle_forward(model, batch)
+                continue
+            micro = select_rows(batch, rows).to(self.device)
+            logprobs[rows] = self._micro_logprobs(model, micro).cpu()
+        return (distributed.all_gather_rows(logprobs.to(self.device)) if self.dp else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -143,20 +151,20 @@ class HFPolicy:
                 global_batch = global_batch.rows(first, stop)
             self.optimizer.zero_grad(set_to_none=True)
             micro_metrics, failure = [], None
-            for micro_start in range(0, global_batch.batch_size, micro_rows):
-                micro = global_batch.rows(micro_start, micro_start + micro_rows)
-                micro = micro.to(self.device)
+            for picked in self._micro_batches(global_batch, micro_rows, "train_mb_tokens"):
+                if picked is None:  # zero gradients, so that this rank's FSDP collectives match the others'
+                    self._idle_forward(self.model, global_batch).backward()
+                    continue
+                micro = select_rows(global_batch, picked).to(self.device)
                 extra = {}
-                logprobs = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask, **self.sampling,
-                                             with_unfiltered=self.kl_needs_unfiltered)
+                logprobs = self._micro_logprobs(self.model, micro, with_unfiltered=self.kl_needs_unfiltered)
                 if self.kl_needs_unfiltered:
                     logprobs, extra["unfiltered_logprobs"] = logprobs
                 loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
                                         **extra)
                 if failure is None and not torch.isfinite(loss):
-                    rows_seen = start + first + micro_start
                     failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
-                               f"rows {rows_seen}..{rows_seen + micro.batch_size - 1}")
+                               f"rows {_describe_rows([start + first + r for r in picked])}")
                 # Backward even after a failure: the other ranks' collectives wait for this rank's.
                 loss.backward()
                 micro_metrics.append(metrics)
@@ -181,6 +189,37 @@ class HFPolicy:
             self.optimizer_steps += 1
             step_metrics.append({**metrics, "grad_norm": grad_norm})
         return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
+
+    def _micro_batches(self, batch: TrainBatch, rows_each: int, budget_key: str) -> list[list[int] | None]:
+        """Row indices of each micro-batch: ``rows_each`` rows at a time, or by token budget (dynamic
+        batching, packing). Data-parallel ranks whose budgets give fewer micro-batches than another
+        rank's get ``None`` entries (an idle forward) up to the largest count."""
+        if self.batching is None:
+            micro = [list(range(i, min(i + rows_each, batch.batch_size)))
+                     for i in range(0, batch.batch_size, rows_each)]
+        else:
+            key = f"policy.{self.batching['name']}.{budget_key}"
+            _, lengths = spans(batch.attention_mask, key)
+            micro = plan(lengths, self.batching[budget_key], self.batching["round"], pack=self.batching["pack"],
+                         key=key)
+        if self.dp and self.batching is not None:  # fixed row counts are equal on every rank already
+            micro += [None] * (distributed.max_over_ranks(len(micro), self.device) - len(micro))
+        return micro
+
+    def _micro_logprobs(self, model, micro: TrainBatch, with_unfiltered: bool = False):
+        forward = {**self.forward, "with_unfiltered": with_unfiltered}
+        if self.batching is None:
+            return sequence_logprobs(model, micro.input_ids, micro.attention_mask, token_mask=micro.token_mask,
+                                     **forward)
+        return padding_free_logprobs(model, micro.input_ids, micro.attention_mask, micro.token_mask,
+                                     pack=self.batching["pack"], round_to=self.batching["round"],
+                                     key=f"policy.{self.batching['name']}.enabled", **forward)
+
+    def _idle_forward(self, model, batch: TrainBatch) -> torch.Tensor:
+        """A one-token forward pass scoring nothing: 0, with a (zero) gradient for every parameter."""
+        ids = batch.input_ids[:1, :1].to(self.device)
+        return sequence_logprobs(model, ids, torch.ones_like(ids), token_mask=torch.zeros_like(ids),
+                                 **self.forward).sum()
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
@@ -314,6 +353,25 @@ class HFPolicy:
     def shutdown(self) -> None:
         self.model = self.reference = None
         self.optimizer = None
+
+
+def _batching(policy_cfg) -> dict | None:
+    """``policy.dynamic_batching`` or ``policy.sequence_packing`` (the config check allows one), with
+    null budgets resolved to the seed's defaults; None when both are off (fixed row counts)."""
+    for name, pack in (("sequence_packing", True), ("dynamic_batching", False)):
+        block = getattr(policy_cfg, name)
+        if block.enabled:
+            longest = policy_cfg.max_total_sequence_length
+            return {"name": name, "pack": pack, "round": block.sequence_length_round,
+                    "train_mb_tokens": block.train_mb_tokens or longest * policy_cfg.train_micro_batch_size,
+                    "logprob_mb_tokens": block.logprob_mb_tokens or longest * policy_cfg.logprob_batch_size}
+    return None
+
+
+def _describe_rows(rows: list[int]) -> str:
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return f"{rows[0]}..{rows[-1]}"
+    return ", ".join(map(str, rows))
 
 
 def _check_model_keys(path: str, model, missing, unexpected) -> None:

@@ -18,5 +18,6 @@ POLICY = ComponentSpec(
     impl="grpo_sdk.backends.hf.policy:HFPolicy",
     config="grpo_sdk.backends.hf.config:HFPolicyConfig",
     requires=("torch", "transformers"),
+    capabilities={"dynamic_batching", "sequence_packing", "logprob_chunks"},
     summary="Training of transformers causal LMs: micro-batches, AdamW, grad clipping, LR schedule.",
 )
