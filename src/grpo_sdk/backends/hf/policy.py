@@ -23,9 +23,11 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
+from grpo_sdk.backends import colocation
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
-from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
+from grpo_sdk.backends.hf.loading import (autocast_context, enable_activation_checkpointing, load_model,
+                                          sequence_logprobs)
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
 
@@ -72,10 +74,9 @@ class HFPolicy:
                                 device="cpu" if self.dp else context.device,
                                 attn_implementation=config.attn_implementation)
         if config.gradient_checkpointing:
-            # transformers 5.x renamed it; 4.x has only the old name.
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable
-            enable()
+            enable_activation_checkpointing(self.model)
+        # Every forward pass of the policy and the reference (not the loss, not the backward) runs in it.
+        self.autocast = autocast_context(self.device, config.autocast)
         self.reference = None
         if context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
@@ -97,6 +98,11 @@ class HFPolicy:
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
+        # An hf generation of this process may sample with self.model (backends/colocation.py); it then
+        # sets this, and offload() keeps the model where the generation needs it.
+        self.shared_with_generation = False
+        self.context = context
+        colocation.publish(context, self)
 
     # --- logprobs -------------------------------------------------------------------------------
 
@@ -105,9 +111,10 @@ class HFPolicy:
         if self.dp:  # this rank's equal share, so every rank runs the same number of chunks
             batch = batch.rows(*distributed.row_share(batch.batch_size, "policy logprobs"))
         size = self.policy_cfg.logprob_batch_size
-        chunks = [sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
-                                    batch.attention_mask[i:i + size].to(self.device), **self.sampling)
-                  for i in range(0, batch.batch_size, size)]
+        with self.autocast():
+            chunks = [sequence_logprobs(model, batch.input_ids[i:i + size].to(self.device),
+                                        batch.attention_mask[i:i + size].to(self.device), **self.sampling)
+                      for i in range(0, batch.batch_size, size)]
         logprobs = torch.cat(chunks)
         return (distributed.all_gather_rows(logprobs) if self.dp else logprobs).cpu()
 
@@ -147,8 +154,9 @@ class HFPolicy:
                 micro = global_batch.rows(micro_start, micro_start + micro_rows)
                 micro = micro.to(self.device)
                 extra = {}
-                logprobs = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask, **self.sampling,
-                                             with_unfiltered=self.kl_needs_unfiltered)
+                with self.autocast():
+                    logprobs = sequence_logprobs(self.model, micro.input_ids, micro.attention_mask, **self.sampling,
+                                                 with_unfiltered=self.kl_needs_unfiltered)
                 if self.kl_needs_unfiltered:
                     logprobs, extra["unfiltered_logprobs"] = logprobs
                 loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
@@ -306,12 +314,16 @@ class HFPolicy:
                 if id(p) in position}
 
     def offload(self) -> None:
+        if self.shared_with_generation:
+            return  # the generation samples with this very module next: moving it would free nothing
         self.model.to("cpu")
 
     def onload(self) -> None:
         self.model.to(self.device)
 
     def shutdown(self) -> None:
+        if colocation.lookup(self.context) is self:  # a later run in this process publishes its own
+            colocation.forget(self.context)
         self.model = self.reference = None
         self.optimizer = None
 

@@ -7,6 +7,7 @@ GENERATION = ComponentSpec(
     kind="generation",
     impl="grpo_sdk.backends.hf.generation:HFGeneration",
     config="grpo_sdk.backends.hf.config:HFGenerationConfig",
+    check="grpo_sdk.backends.hf.config:check_generation",
     requires=("torch", "transformers"),
     capabilities={"cuda_ipc", "in_flight_weight_updates"},
     summary="Batched KV-cache sampling with transformers models (CPU or one GPU).",
@@ -17,6 +18,7 @@ POLICY = ComponentSpec(
     kind="policy",
     impl="grpo_sdk.backends.hf.policy:HFPolicy",
     config="grpo_sdk.backends.hf.config:HFPolicyConfig",
+    check="grpo_sdk.backends.hf.config:check_policy",
     requires=("torch", "transformers"),
     summary="Training of transformers causal LMs: micro-batches, AdamW, grad clipping, LR schedule.",
 )
