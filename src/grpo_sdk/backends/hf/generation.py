@@ -115,9 +115,24 @@ class HFGeneration:
     def shares_policy_model(self) -> bool:
         return self.policy is not None
 
+    @contextlib.contextmanager
     def _sampling_mode(self):
-        # A shared module keeps training: no inference tensors may end up cached in it.
-        return torch.no_grad() if self.policy is not None else torch.inference_mode()
+        if self.policy is None:
+            with torch.inference_mode():
+                yield
+            return
+        # A shared module keeps training: no inference tensors may end up cached in it. Its trained
+        # parameters are frozen while it samples: CPU kernels take another path for weights that
+        # require grad (last-bit differences, measured), and a copy's weights do not.
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        try:
+            for param in trained:
+                param.requires_grad_(False)
+            with torch.no_grad():
+                yield
+        finally:
+            for param in trained:
+                param.requires_grad_(True)
 
     def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
         with self._sampling_mode(), self.autocast():
