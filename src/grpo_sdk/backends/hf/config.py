@@ -35,9 +35,10 @@ class HFPolicyConfig:
     attn_implementation: Literal["sdpa", "eager"] | None = option(
         None, "Attention kernel passed to from_pretrained; null lets transformers choose.")
     gradient_checkpointing: bool = option(
-        False, "Recompute each decoder layer's activations in backward instead of keeping them: less "
-        "activation memory for one more forward pass per layer (measured on CPU at 25M parameters, "
-        "8 x 512 tokens: docs/performance.md).")
+        False, "Recompute each decoder layer's activations in backward instead of keeping them: saves the "
+        "activation memory of every layer but one, costs one more forward pass (~1.1-1.3x step time); worth "
+        "it only when activations, not weights, gradients and AdamW state, set the peak (measured: "
+        "docs/benchmarks.md#hf-backend-memory-switches).")
     autocast: Literal["bfloat16"] | None = option(
         None, "Mixed precision: forward and backward passes under torch.autocast in this dtype, while the "
         "weights and the AdamW state stay in policy.precision (which must be float32: master weights), so a "
