@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_sdk.backends.hf.config import HFGenerationConfig, HFPolicyConfig, shares_policy_model
+from grpo_sdk.backends.hf.config import HFGenerationConfig, shares_policy_model
 from grpo_sdk.backends.hf.generation import HFGeneration
 from grpo_sdk.backends.hf.policy import HFPolicy
 from grpo_sdk.core.config import plugin_config
@@ -114,6 +114,19 @@ def test_shared_generation_uses_the_policy_module_and_the_sync_copies_nothing(re
     assert not policy.shared_with_generation
 
 
+def test_a_shared_module_off_the_generation_device_is_onloaded_before_sampling(registry, tiny_model_dir, tmp_path):
+    context = make_context(tiny_model_dir, tmp_path, registry)
+    policy = HFPolicy(None, context)
+    gen = HFGeneration(None, context)
+    calls = []
+    policy.onload = lambda: calls.append("onload")
+    gen.prepare_for_generation()
+    assert calls == []  # on its device: nothing to move
+    gen.device = torch.device("meta")  # stands for the accelerator an offload moved the module off
+    gen.prepare_for_generation()
+    assert calls == ["onload"]
+
+
 def _run(registry, run_dir, model_dir, share):
     trainer = small_trainer(registry, run_dir, model_dir, f"{KEY}={share}", "grpo.max_num_steps=3",
                             "grpo.val_period=0")
@@ -143,7 +156,18 @@ def test_shared_and_copy_runs_sample_the_same_tokens_and_logprobs(registry, tiny
     assert all(torch.equal(shared_weights[k], copy_weights[k]) for k in copy_weights)
 
 
-# --- autocast -----------------------------------------------------------------------------------
+# --- autocast ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, message", [
+    (["policy.precision=bfloat16"], "needs policy.precision=float32"),
+    (["policy.precision=float16"], "needs policy.precision=float32"),
+])
+def test_autocast_needs_float32_master_weights(registry, tiny_model_dir, overrides, message):
+    problems = config_problems(registry, f"policy.model_name={tiny_model_dir}", "policy.hf.autocast=bfloat16",
+                               *overrides)
+    assert message in problems["policy.hf.autocast"]
+    assert "expected one of 'bfloat16'" in config_problems(registry, "policy.hf.autocast=float16")["policy.hf.autocast"]
+
 
 def _policy(model_dir, run_dir, registry, *overrides):
     context = make_context(model_dir, run_dir, registry, *overrides)
