@@ -212,7 +212,7 @@ def test_autocast_logprobs_are_close_to_float32_and_sampling_agrees(registry, ti
     reference, autocast = full.logprobs(batch), mixed.logprobs(batch)
     assert autocast.dtype == torch.float32
     mask = batch.token_mask.bool()
-    assert (reference[mask] - autocast[mask]).abs().max() < 0.05
+    assert (reference[mask] - autocast[mask]).abs().max() < 0.01  # measured 0.0015
     assert not torch.equal(reference[mask], autocast[mask])  # autocast did run in bfloat16
 
     # The shared generation samples under the policy's autocast: its logprobs are the policy's.
@@ -223,7 +223,7 @@ def test_autocast_logprobs_are_close_to_float32_and_sampling_agrees(registry, ti
     sampled = train_batch(inputs, out)
     sampled_mask = sampled.token_mask.bool()
     trained = mixed.logprobs(sampled)[sampled_mask]
-    assert (trained - sampled.generation_logprobs[sampled_mask]).abs().max() < 0.05
+    assert (trained - sampled.generation_logprobs[sampled_mask]).abs().max() < 0.01
     # ... and a copy of its own samples the same tokens with the same logprobs under the same autocast
     copy = HFGeneration(HFGenerationConfig(share_policy_model=False), mixed_context)
     again = copy.generate(inputs, SamplingParams(max_new_tokens=6, seed=0))
