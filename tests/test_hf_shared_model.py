@@ -250,3 +250,14 @@ def test_gradient_checkpointing_recomputes_layers_and_keeps_the_gradients(regist
     assert results[False][0] == 1 and results[True][0] == 2  # forward, and again in backward
     for a, b in zip(results[False][1], results[True][1]):
         torch.testing.assert_close(a, b)
+
+
+def test_a_run_with_every_switch_on_trains_on_one_module(registry, tiny_model_dir, tmp_path):
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "policy.hf.autocast=bfloat16",
+                            "policy.hf.gradient_checkpointing=true", "grpo.val_period=0")
+    parts = trainer.components
+    assert parts.generation.model is parts.policy.model
+    before = {k: v.clone() for k, v in parts.policy.model.state_dict().items()}
+    summary = trainer.train()
+    assert summary.steps == 2 and all(p.dtype == torch.float32 for p in parts.policy.params)
+    assert any(not torch.equal(v, parts.policy.model.state_dict()[k]) for k, v in before.items())
