@@ -216,3 +216,18 @@ def test_the_gpu_checks_import_on_a_machine_without_a_gpu():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_hf_memory_prints_both_peaks_and_the_ratios():
+    """benchmarks/hf_memory.py with a tiny model, one round: every contender runs in its own process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH / "hf_memory.py"), "--tiny", "--rounds", "1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    peaks = re.search(r"peak RSS median: shared ([\d.]+) MB, copy ([\d.]+) MB, shared/copy ([\d.]+)", out)
+    assert peaks and float(peaks.group(1)) > 0 and abs(float(peaks.group(1)) / float(peaks.group(2))
+                                                        - float(peaks.group(3))) < 1e-3, out
+    for variant in ("checkpointing", "autocast"):
+        assert re.search(rf"^{variant} vs plain: step memory .* MB \([\d.-]+x\), step time .* s \([\d.]+x\)$", out,
+                         re.MULTILINE), out

@@ -11,10 +11,20 @@ carry the new version in ``token_weight_versions``; before the next token the re
 re-prefills prompt + tokens so far under the new weights (``resume_generation(recompute_kv_cache=
 True)``, AReaL style) or continues on the KV cache the old weights wrote (Magistral style). Either
 way a token's logprob is that of the distribution it was sampled from, never re-scored.
+
+One model in one process: when the hf policy lives in the same process (``cluster.runtime=local``;
+``policy.generation.hf.share_policy_model``, config.py says when), the generation samples with the
+policy's own module, found through ``backends/colocation.py``: no second copy, and ``update_weights``
+reads nothing (the module already holds the trained weights) but still moves the weight version.
+It samples under ``torch.no_grad`` (never ``inference_mode``, whose tensors a module could cache and
+training could not use), under the policy's autocast, and touches no gradient or optimizer state;
+the policy's ``offload`` leaves a shared module in place. With a copy of its own, the generation
+loads the model in ``policy.precision`` and samples under the same autocast as the policy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 from typing import Iterable
@@ -22,8 +32,9 @@ from typing import Iterable
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.backends.hf.config import HFGenerationConfig
-from grpo_sdk.backends.hf.loading import load_model, position_ids_for
+from grpo_sdk.backends import colocation
+from grpo_sdk.backends.hf.config import SHARE_KEY, HFGenerationConfig, policy_autocast, shares_policy_model
+from grpo_sdk.backends.hf.loading import autocast_context, load_model, position_ids_for
 from grpo_sdk.backends.hf.step_gate import StepGate
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import process_logits
@@ -52,7 +63,8 @@ def sample_token(logits: torch.Tensor, sampling: SamplingParams,
 
 
 class HFGeneration:
-    """Samples with a private copy of the model; ``update_weights`` copies new weights in place.
+    """Samples with the hf policy's own module when it can (see the module docstring), else with a private
+    copy of the model into which ``update_weights`` copies new weights in place.
 
     Implements ``PausesForRefit`` and declares ``in_flight_weight_updates``.
     """
@@ -62,15 +74,22 @@ class HFGeneration:
         self.device = torch.device(context.device)
         # Compiled decoding passes 4D boolean masks, which SDPA reads as-is and eager attention does not.
         attn = "sdpa" if config.compile else config.attn_implementation
-        self.model = load_model(context.model_path, dtype=context.config.policy.precision, device=context.device,
-                                attn_implementation=attn)
-        self.model.requires_grad_(False)
+        self.policy = self._shared_policy(config, context)
+        if self.policy is not None:
+            self.model, self.autocast = self.policy.model, self.policy.autocast
+            self.policy.shared_with_generation = True
+            self._weights = {}
+        else:
+            self.model = load_model(context.model_path, dtype=context.config.policy.precision,
+                                    device=context.device, attn_implementation=attn)
+            self.model.requires_grad_(False)
+            self.autocast = autocast_context(self.device, policy_autocast(context.config))
+            self._weights = dict(self.model.state_dict())
         tokenizer = load_tokenizer(context.tokenizer_path)
         self.eos_token_id = tokenizer.eos_token_id
         self.pad_token_id = tokenizer.pad_token_id
         self.generator = torch.Generator(device=self.device).manual_seed(context.seed)
         self.weight_version = 0
-        self._weights = dict(self.model.state_dict())
         # transformers 5.2x renamed `past_key_values` to `cache`; speak whichever this version knows.
         forward_args = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -78,8 +97,48 @@ class HFGeneration:
         self.compiled_forward = torch.compile(self.model.forward, dynamic=False) if config.compile else None
         self._gate = StepGate(timeout_s=context.config.cluster.call_timeout_s)
 
-    @torch.inference_mode()
+    def _shared_policy(self, config: HFGenerationConfig, context: RunContext):
+        """The hf policy of this run and process whose module this generation samples with, or None."""
+        if not shares_policy_model(context.config, config):
+            return None
+        policy = colocation.lookup(context)
+        if policy is None or getattr(policy, "model", None) is None or not hasattr(policy, "shared_with_generation"):
+            if config.share_policy_model is True:
+                raise RuntimeError(f"{SHARE_KEY}=true, but no hf policy of this run was built in this process before "
+                                   "the generation (the runtime builds the policy first)")
+            return None  # auto: e.g. a generation built on its own
+        if torch.device(policy.device) != self.device:
+            raise RuntimeError(f"{SHARE_KEY}: the hf policy is on {policy.device}, the generation on {self.device}")
+        return policy
+
+    @property
+    def shares_policy_model(self) -> bool:
+        return self.policy is not None
+
+    @contextlib.contextmanager
+    def _sampling_mode(self):
+        if self.policy is None:
+            with torch.inference_mode():
+                yield
+            return
+        # A shared module keeps training: no inference tensors may end up cached in it. Its trained
+        # parameters are frozen while it samples: CPU kernels take another path for weights that
+        # require grad (last-bit differences, measured), and a copy's weights do not.
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        try:
+            for param in trained:
+                param.requires_grad_(False)
+            with torch.no_grad():
+                yield
+        finally:
+            for param in trained:
+                param.requires_grad_(True)
+
     def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
+        with self._sampling_mode(), self.autocast():
+            return self._generate(prompts, sampling)
+
+    def _generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
         rows, new_tokens = input_ids.shape[0], sampling.max_new_tokens
@@ -200,7 +259,12 @@ class HFGeneration:
     @torch.no_grad()
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Copy in place; during a ``generate`` in another thread this waits for the running forward
-        pass (at most one decode step) and the generation continues under the new weights."""
+        pass (at most one decode step) and the generation continues under the new weights. Sharing the
+        policy's module: ``weights`` is not read (a lazy iterator never runs), only the version moves."""
+        if self.policy is not None:
+            with self._gate.update():
+                self.weight_version = version
+            return
         with self._gate.update():
             for name, tensor in weights:
                 target = self._weights.get(name)
@@ -231,11 +295,14 @@ class HFGeneration:
         self.generator.set_state(load_file(str(Path(path) / "rng.safetensors"))["generator"])
 
     def prepare_for_generation(self) -> None:
-        pass  # one private model on one device: nothing to wake up
+        if self.policy is not None and next(self.model.parameters()).device != self.device:
+            self.policy.onload()  # an offload before the module was shared: sample where the policy trains
 
     def finish_generation(self) -> None:
         pass
 
     def shutdown(self) -> None:
-        self.model = None
+        if self.policy is not None:
+            self.policy.shared_with_generation = False
+        self.model = self.policy = None
         self._weights = {}

@@ -25,10 +25,11 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
+from grpo_sdk.backends import colocation
 from grpo_sdk.backends.hf import distributed
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.forward import sequence_logprobs
-from grpo_sdk.backends.hf.loading import load_model
+from grpo_sdk.backends.hf.loading import autocast_context, enable_activation_checkpointing, load_model
 from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, select_rows, spans
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
@@ -76,10 +77,9 @@ class HFPolicy:
                                 device="cpu" if self.dp else context.device,
                                 attn_implementation=config.attn_implementation)
         if config.gradient_checkpointing:
-            # transformers 5.x renamed it; 4.x has only the old name.
-            enable = getattr(self.model, "activation_checkpointing_enable", None) or \
-                self.model.gradient_checkpointing_enable
-            enable()
+            enable_activation_checkpointing(self.model)
+        # Every forward pass of the policy and the reference (not the loss, not the backward) runs in it.
+        self.autocast = autocast_context(self.device, config.autocast)
         self.reference = None
         if context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
@@ -103,6 +103,11 @@ class HFPolicy:
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
+        # An hf generation of this process may sample with self.model (backends/colocation.py); it then
+        # sets this, and offload() keeps the model where the generation needs it.
+        self.shared_with_generation = False
+        self.context = context
+        colocation.publish(context, self)
 
     # --- logprobs -------------------------------------------------------------------------------
 
@@ -208,6 +213,10 @@ class HFPolicy:
 
     def _micro_logprobs(self, model, micro: TrainBatch, with_unfiltered: bool = False):
         forward = {**self.forward, "with_unfiltered": with_unfiltered}
+        with self.autocast():
+            return self._forward_logprobs(model, micro, forward)
+
+    def _forward_logprobs(self, model, micro: TrainBatch, forward: dict):
         if self.batching is None:
             return sequence_logprobs(model, micro.input_ids, micro.attention_mask, token_mask=micro.token_mask,
                                      **forward)
@@ -218,8 +227,9 @@ class HFPolicy:
     def _idle_forward(self, model, batch: TrainBatch) -> torch.Tensor:
         """A one-token forward pass scoring nothing: 0, with a (zero) gradient for every parameter."""
         ids = batch.input_ids[:1, :1].to(self.device)
-        return sequence_logprobs(model, ids, torch.ones_like(ids), token_mask=torch.zeros_like(ids),
-                                 **self.forward).sum()
+        with self.autocast():
+            return sequence_logprobs(model, ids, torch.ones_like(ids), token_mask=torch.zeros_like(ids),
+                                     **self.forward).sum()
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
@@ -345,12 +355,16 @@ class HFPolicy:
                 if id(p) in position}
 
     def offload(self) -> None:
+        if self.shared_with_generation:
+            return  # the generation samples with this very module next: moving it would free nothing
         self.model.to("cpu")
 
     def onload(self) -> None:
         self.model.to(self.device)
 
     def shutdown(self) -> None:
+        if colocation.lookup(self.context) is self:  # a later run in this process publishes its own
+            colocation.forget(self.context)
         self.model = self.reference = None
         self.optimizer = None
 

@@ -12,36 +12,16 @@ colocated generation inside the policy workers: not built here).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
-_published: dict[tuple[str, str], weakref.ref] = {}
+# The registry is shared with the hf backend (backends/colocation.py); re-exported under the names
+# the megatron modules and tests use.
+from grpo_sdk.backends.colocation import forget, lookup, publish
+
+__all__ = ["forget", "lookup", "publish", "shares_policy_model"]
 
 
 def shares_policy_model(config: Any) -> bool:
     """Whether a megatron generation of this run generates on the megatron policy's own model."""
     return (config.policy.backend == "megatron" and bool(config.policy.generation.colocated.enabled)
             and config.cluster.runtime == "local")
-
-
-def _key(context: Any) -> tuple[str, str]:
-    return str(context.run_dir), str(context.model_path)
-
-
-def publish(context: Any, policy: Any) -> None:
-    """Make ``policy`` findable by a generation built with the same run and model. The first one wins:
-    a teacher policy built later from the same model must not replace the trained policy. Held weakly,
-    so a shut-down policy is not kept alive by this."""
-    ref = _published.get(_key(context))
-    if ref is None or ref() is None:
-        _published[_key(context)] = weakref.ref(policy)
-
-
-def lookup(context: Any) -> Any | None:
-    """The policy published for this run and model, or None."""
-    ref = _published.get(_key(context))
-    return ref() if ref is not None else None
-
-
-def forget(context: Any) -> None:
-    _published.pop(_key(context), None)
