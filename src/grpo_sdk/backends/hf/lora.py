@@ -1,0 +1,185 @@
+"""LoRA adapters for the hf policy, through peft (``policy.lora``).
+
+The adapters are injected into the policy's own transformers model (``get_peft_model``), which
+freezes every base weight: the optimizer is built over the parameters that still require grad,
+so it holds the adapters only. The reference policy is that same model inside peft's
+``disable_adapter()`` (the frozen base, no second copy).
+
+Names: peft renames an adapted layer ``X`` to ``X.base_layer`` and adds ``X.lora_A.default`` /
+``X.lora_B.default``. ``merged_weights`` undoes that for weight sync: it yields the base model's
+Hugging Face names, with ``X.weight = W + alpha/rank * B @ A`` computed into a new tensor (the
+training weights are never merged in place), so every generation backend takes them unchanged.
+
+Checkpoints hold the adapters in peft's own layout (``adapter_model.safetensors`` +
+``adapter_config.json``, what ``PeftModel.from_pretrained`` reads), never the base weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo_sdk.plugins import ConfigError, PluginError
+
+INSTALL = "pip install 'grpo-sdk[lora]' (peft)"
+ADAPTER = "default"  # peft's name of the one adapter
+ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError as exc:  # the config check catches this first; a library user may not run it
+        raise PluginError(f"policy.lora.enabled=true needs peft, which is not installed: {INSTALL}") from exc
+    return peft
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """Names of the layers LoRA can adapt: ``nn.Linear`` and GPT-2's ``Conv1D`` (a transposed linear)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"]
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    """peft's rule for a list of names: the module's full name or a dotted suffix of it."""
+    return any(name == p or name.endswith("." + p) for p in patterns)
+
+
+def target_modules(model: torch.nn.Module, cfg: Any) -> list[str]:
+    """Full names of the layers to adapt, from ``policy.lora``; a ConfigError names the bad key."""
+    linear = linear_module_names(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    heads = {name for name, module in model.named_modules() if head is not None and module is head}
+    listing = ", ".join(sorted({name.rsplit(".", 1)[-1] for name in linear})) or "none"
+    if cfg.target_modules:
+        unknown = [p for p in cfg.target_modules if not any(_matches(name, [p]) for name in linear)]
+        if unknown:
+            raise ConfigError([("policy.lora.target_modules",
+                                f"{unknown} match no linear layer of the model; its linear layers are named {listing}")])
+        chosen = [name for name in linear if _matches(name, cfg.target_modules)]
+    elif cfg.match_all_linear:
+        chosen = [name for name in linear if name not in heads]  # the seed's rule: never the LM head
+    else:
+        raise ConfigError([("policy.lora.target_modules", "is empty and policy.lora.match_all_linear is false: no "
+                            f"layer would get an adapter; name some of the model's linear layers ({listing})")])
+    unknown = [p for p in cfg.exclude_modules if not any(_matches(name, [p]) for name in linear)]
+    if unknown:
+        raise ConfigError([("policy.lora.exclude_modules",
+                            f"{unknown} match no linear layer of the model; its linear layers are named {listing}")])
+    chosen = [name for name in chosen if not _matches(name, cfg.exclude_modules)]
+    if not chosen:
+        raise ConfigError([("policy.lora.exclude_modules", "excludes every targeted layer: no adapter is left")])
+    return chosen
+
+
+def apply(model: torch.nn.Module, cfg: Any):
+    """``model`` with adapters injected in place; returns the ``PeftModel`` wrapping it.
+
+    ``model`` stays the object that is trained, sharded and saved (peft only swaps its layers), so
+    the policy keeps calling it; the wrapper is for ``disable_adapter`` and peft's file layout.
+    """
+    peft = _peft()
+    targets = target_modules(model, cfg)
+    fan_in_fan_out = any(type(dict(model.named_modules())[name]).__name__ == "Conv1D" for name in targets)
+    lora_config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                  target_modules=targets, fan_in_fan_out=fan_in_fan_out, bias="none",
+                                  task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(model, lora_config)
+    model.eval()  # get_peft_model keeps the mode, but dropout off must not depend on that
+    return wrapped
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
+    """``{name: peft LoRA layer}`` of the (unwrapped) model."""
+    return {name: module for name, module in model.named_modules()
+            if hasattr(module, "lora_A") and hasattr(module, "base_layer")}
+
+
+def merged_weights(named: Iterable[tuple[str, torch.Tensor]], layers: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's weights under the base model's names, adapters folded in; ``named`` is the
+    unwrapped model's ``(name, whole tensor)`` stream (a state dict, or FSDP's gathered one).
+
+    An adapted layer's base weight, A and B arrive one after the other (module order), so at most
+    one layer's tensors are held. The sum is a new tensor: the training weights stay unmerged.
+    """
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named:
+        prefix, _, leaf = name.rpartition(".")
+        owner = prefix.removesuffix(".base_layer") if prefix.endswith(".base_layer") else None
+        for part in (f".lora_A.{ADAPTER}", f".lora_B.{ADAPTER}"):
+            if prefix.endswith(part) and prefix[:-len(part)] in layers:
+                owner, leaf = prefix[:-len(part)], part[1:7]  # "lora_A" / "lora_B"
+        if owner is None or owner not in layers:
+            yield name, tensor
+            continue
+        if leaf == "bias":
+            yield f"{owner}.bias", tensor
+            continue
+        parts = pending.setdefault(owner, {})
+        parts[leaf] = tensor
+        if len(parts) == 3:
+            del pending[owner]
+            layer = layers[owner]
+            a, b = parts["lora_A"], parts["lora_B"]
+            delta = (b.float() @ a.float()) * layer.scaling[ADAPTER]
+            if layer.fan_in_fan_out:
+                delta = delta.T
+            yield f"{owner}.weight", (parts["weight"].float() + delta).to(parts["weight"].dtype)
+    if pending:
+        raise RuntimeError(f"LoRA layers {sorted(pending)} came without their base weight, A or B")
+
+
+def is_adapter_name(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def adapter_state(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The adapter tensors under peft's file names (``base_model.model.X.lora_A.weight``)."""
+    return {"base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor.detach().cpu().contiguous()
+            for name, tensor in named if is_adapter_name(name)}
+
+
+def model_names(file_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of ``adapter_state``: peft file names back to the unwrapped model's names."""
+    out = {}
+    for name, tensor in file_state.items():
+        name = name.removeprefix("base_model.model.")
+        for part in ("lora_A", "lora_B"):
+            name = name.replace(f".{part}.weight", f".{part}.{ADAPTER}.weight")
+        out[name] = tensor
+    return out
+
+
+def write_adapter(wrapped, directory: Path, state: dict[str, torch.Tensor]) -> None:
+    """peft's adapter directory: the config (as ``save_pretrained`` writes it) and the tensors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = wrapped.peft_config[ADAPTER]
+    config.save_pretrained(str(directory))
+    save_file(state, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
+
+
+def read_adapter(directory: Path, device: str | None = None) -> dict[str, torch.Tensor]:
+    """An adapter file's tensors under the unwrapped model's names."""
+    path = directory / ADAPTER_FILE
+    if not path.is_file():
+        raise RuntimeError(f"{directory} holds no LoRA adapter ({ADAPTER_FILE}); was it saved with policy.lora "
+                           "enabled?")
+    return model_names(load_file(str(path), device=device or "cpu"))
+
+
+def check_adapter_keys(path: str, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    expected = {name for name, _ in model.named_parameters() if is_adapter_name(name)}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise RuntimeError(f"LoRA checkpoint {path} does not match the model's adapters (policy.lora): missing "
+                           f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+
+
+def base_model_path(directory: Path) -> str | None:
+    """The base model an adapter directory was trained on (peft's ``base_model_name_or_path``)."""
+    config = directory / ADAPTER_CONFIG
+    return json.loads(config.read_text()).get("base_model_name_or_path") if config.is_file() else None
