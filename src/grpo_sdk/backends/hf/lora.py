@@ -183,3 +183,26 @@ def base_model_path(directory: Path) -> str | None:
     """The base model an adapter directory was trained on (peft's ``base_model_name_or_path``)."""
     config = directory / ADAPTER_CONFIG
     return json.loads(config.read_text()).get("base_model_name_or_path") if config.is_file() else None
+
+
+def export_merged(policy_dir: Path, out: Path) -> None:
+    """A LoRA checkpoint's policy as a plain model directory: the base model (where the adapter config
+    says it was trained from) with the adapters merged, plus the checkpoint's tokenizer files."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from grpo_sdk.plugins.toolkit import load_pretrained
+
+    peft = _peft()
+    base_path = base_model_path(policy_dir)
+    if not base_path:
+        raise RuntimeError(f"{policy_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    base = load_pretrained(AutoModelForCausalLM.from_pretrained, base_path,
+                           f"base_model_name_or_path of {policy_dir / ADAPTER_CONFIG}", dtype="auto")
+    merged = peft.PeftModel.from_pretrained(base, str(policy_dir)).merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    skip = {ADAPTER_FILE, ADAPTER_CONFIG, "README.md"}
+    for path in policy_dir.iterdir():  # the tokenizer the run used
+        if path.is_file() and path.name not in skip and not path.name.startswith("optimizer."):
+            shutil.copy2(path, out / path.name)
