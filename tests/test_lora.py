@@ -35,7 +35,7 @@ def make_policy(model_dir: Path, name: str = "gpt2", rank: int = 0, world: int =
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", f"policy.train_micro_batch_size={MODELS[name]['micro']}",
                              "policy.train_global_batch_size=4", "policy.logprob_batch_size=1",
-                             "policy.optimizer.lr=0.01", "grpo.num_prompts_per_step=2",
+                             "policy.optimizer.lr=0.001", "grpo.num_prompts_per_step=2",
                              "grpo.num_generations_per_prompt=4", "loss_fn.reference_policy_kl_penalty=0.05",
                              f"policy.lora.enabled={str(lora).lower()}", *overrides], Registry.discover())
     context = RunContext(config=cfg, run_dir=model_dir, model_path=str(model_dir), tokenizer_path=str(model_dir),

@@ -76,11 +76,14 @@ def target_modules(model: torch.nn.Module, cfg: Any) -> list[str]:
     return chosen
 
 
-def apply(model: torch.nn.Module, cfg: Any):
+def apply(model: torch.nn.Module, cfg: Any, seed: int):
     """``model`` with adapters injected in place; returns the ``PeftModel`` wrapping it.
 
     ``model`` stays the object that is trained, sharded and saved (peft only swaps its layers), so
     the policy keeps calling it; the wrapper is for ``disable_adapter`` and peft's file layout.
+    A is drawn from its own generator seeded with ``seed`` (B starts at zero): every data-parallel
+    rank must start from the same A (each keeps its shard of its own draw), and a run must not
+    depend on how much of the global RNG stream ran before.
     """
     peft = _peft()
     targets = target_modules(model, cfg)
@@ -88,7 +91,9 @@ def apply(model: torch.nn.Module, cfg: Any):
     lora_config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                                   target_modules=targets, fan_in_fan_out=fan_in_fan_out, bias="none",
                                   task_type="CAUSAL_LM")
-    wrapped = peft.get_peft_model(model, lora_config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        wrapped = peft.get_peft_model(model, lora_config)
     model.eval()  # get_peft_model keeps the mode, but dropout off must not depend on that
     return wrapped
 

@@ -82,7 +82,7 @@ class HFPolicy:
 
             # Adapters injected in place: self.model stays the module trained, sharded and saved.
             # The reference is this model with its adapters disabled, so there is no copy to make.
-            self.lora = lora.apply(self.model, cfg.policy.lora)
+            self.lora = lora.apply(self.model, cfg.policy.lora, seed=context.seed)
         elif context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
         if self.dp:
