@@ -224,6 +224,57 @@ def test_lora_with_the_megatron_policy_is_refused_naming_the_key():
     assert "implemented by policy.backend=hf only, not 'megatron'" in problems["policy.lora.enabled"]
 
 
+LORA_RUN = ["grpo.max_num_steps=8", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8",
+            "checkpointing.save_period=4", "policy.lora.enabled=true", "loss_fn.reference_policy_kl_penalty=0.01"]
+
+
+@pytest.mark.slow
+def test_a_lora_run_samples_with_the_merged_weights_and_exports_both_ways(tmp_path):
+    """hf generation gets the merged weights every step: the sampler's logprobs are the trainer's
+    (token_mult_prob_error 1) while the policy moves away from the base (KL to the reference > 0)."""
+    import json
+
+    result = run_grpoctl("run", "--run-dir", "run", *LORA_RUN, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "policy/ holds LoRA adapters" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-4 and r["gen_kl_error"] < 1e-6 for r in rows)
+    assert rows[0]["kl_penalty"] == 0 and rows[-1]["kl_penalty"] > 1e-4  # the base is the reference
+    policy_dir = tmp_path / "run" / "checkpoints" / "step_8" / "policy"
+    assert not (policy_dir / "model.safetensors").exists()
+
+    merged = run_grpoctl("export", "run", "merged", cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr
+    adapter = run_grpoctl("export", "run", "adapter", "--lora", "adapter", cwd=tmp_path)
+    assert adapter.returncode == 0, adapter.stderr
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged").eos_token == "<eos>"
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "initial_model").eval()
+    with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, with_adapter(ids).logits, rtol=0, atol=1e-5)
+        with with_adapter.disable_adapter():
+            assert not torch.allclose(plain(ids).logits, with_adapter(ids).logits, atol=1e-4)
+    bad = run_grpoctl("export", "run", "other", "--lora", "both", cwd=tmp_path)
+    assert bad.returncode == 2 and "--lora: must be 'merged' or 'adapter'" in bad.stderr
+
+
+def test_export_of_adapters_from_a_full_checkpoint_is_refused(tmp_path):
+    result = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=1", "grpo.num_prompts_per_step=2",
+                         "grpo.num_generations_per_prompt=2", "grpo.val_period=0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = run_grpoctl("export", "run", "out", "--lora", "adapter", cwd=tmp_path)
+    assert refused.returncode == 2 and "is not a LoRA checkpoint" in refused.stderr, refused.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # --- FSDP2 data parallel: two ranks train the adapters as one process does ---------------------
 
 
