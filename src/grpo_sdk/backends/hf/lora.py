@@ -129,11 +129,11 @@ def merged_weights(named: Iterable[tuple[str, torch.Tensor]], layers: dict[str, 
         if len(parts) == 3:
             del pending[owner]
             layer = layers[owner]
-            a, b = parts["lora_A"], parts["lora_B"]
-            delta = (b.float() @ a.float()) * layer.scaling[ADAPTER]
-            if layer.fan_in_fan_out:
-                delta = delta.T
-            yield f"{owner}.weight", (parts["weight"].float() + delta).to(parts["weight"].dtype)
+            a, b, weight = parts["lora_A"].float(), parts["lora_B"].float(), parts["weight"]
+            # One fused W + s * B @ A into a new tensor (in float32: bf16 would round the small update
+            # away); a Conv1D weight is stored transposed (in x out): W + s * A^T @ B^T.
+            factors = (a.T, b.T) if layer.fan_in_fan_out else (b, a)
+            yield f"{owner}.weight", torch.addmm(weight.float(), *factors, alpha=layer.scaling[ADAPTER]).to(weight.dtype)
     if pending:
         raise RuntimeError(f"LoRA layers {sorted(pending)} came without their base weight, A or B")
 
