@@ -148,12 +148,15 @@ def test_checkpoints_hold_the_adapters_only_and_resume_exactly(gpt2, tmp_path):
         sum(p.numel() for p in policy.params)
 
 
-def test_a_full_checkpoint_does_not_load_into_a_lora_policy(gpt2, tmp_path):
+def test_full_and_adapter_checkpoints_do_not_load_into_each_other(gpt2, tmp_path):
     full, _ = make_policy(gpt2, lora=False)
     full.save_checkpoint(str(tmp_path / "full"))
     policy, _ = make_policy(gpt2)
     with pytest.raises(RuntimeError, match="holds no LoRA adapter"):
         policy.load_checkpoint(str(tmp_path / "full"))
+    policy.save_checkpoint(str(tmp_path / "adapters"))
+    with pytest.raises(RuntimeError, match="holds LoRA adapters only .* load it with policy.lora enabled"):
+        full.load_checkpoint(str(tmp_path / "adapters"))
 
 
 def test_target_and_exclude_modules(gpt2):

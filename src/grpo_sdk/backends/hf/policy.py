@@ -278,6 +278,7 @@ class HFPolicy:
             lora.check_adapter_keys(path, self.model, state)
             self.model.load_state_dict(state, strict=False)
         else:
+            _refuse_adapter_checkpoint(directory)
             state = load_file(str(directory / "model.safetensors"), device=str(self.device))
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             _check_model_keys(path, self.model, missing, unexpected)
@@ -302,6 +303,7 @@ class HFPolicy:
                     model_state = lora.read_adapter(directory)
                     lora.check_adapter_keys(path, self.model, model_state)
                 else:
+                    _refuse_adapter_checkpoint(directory)
                     model_state = load_file(str(directory / "model.safetensors"))
                     for names in distributed.parameter_aliases(self.model):  # a tied weight is stored once
                         present = next((name for name in names if name in model_state), None)
@@ -347,6 +349,12 @@ class HFPolicy:
     def shutdown(self) -> None:
         self.model = self.reference = self.lora = None
         self.optimizer = None
+
+
+def _refuse_adapter_checkpoint(directory: Path) -> None:
+    if (directory / "adapter_config.json").is_file() and not (directory / "model.safetensors").is_file():
+        raise RuntimeError(f"checkpoint {directory} holds LoRA adapters only (it was trained with policy.lora."
+                           "enabled=true); load it with policy.lora enabled, or export it merged (grpoctl export)")
 
 
 def _check_model_keys(path: str, model, missing, unexpected) -> None:
