@@ -172,6 +172,20 @@ def test_target_and_exclude_modules(gpt2):
         make_policy(gpt2, overrides=("policy.lora.target_modules=[c_attn]", "policy.lora.exclude_modules=[c_attn]"))
 
 
+def test_dropout_acts_in_the_training_forward_only(gpt2):
+    from grpo_sdk.backends.hf.loading import sequence_logprobs
+
+    plain, cfg = make_policy(gpt2)
+    data = trained(plain, cfg)  # B is no longer zero, so the adapters' input dropout shows
+    policy, _ = make_policy(gpt2, overrides=("policy.lora.dropout=0.5",))
+    policy.model.load_state_dict(plain.model.state_dict())
+    torch.testing.assert_close(policy.logprobs(data), plain.logprobs(data), rtol=0, atol=0)  # no-grad: no dropout
+    with torch.enable_grad():
+        noisy = sequence_logprobs(policy.model, data.input_ids, data.attention_mask, temperature=1.0, top_k=None,
+                                  top_p=1.0)
+    assert noisy.requires_grad and not torch.allclose(noisy, plain.logprobs(data), atol=1e-4)
+
+
 def test_missing_peft_is_a_plugin_error_with_the_install_line(monkeypatch):
     from grpo_sdk.backends.hf.spec import check_policy
     from grpo_sdk.core.config_loader import load_config

@@ -541,8 +541,9 @@ class LoraConfig:
     match_all_linear: bool = option(True, "With empty target_modules: adapt every linear layer (Linear and "
                                     "GPT-2's Conv1D) except the LM head.")
     exclude_modules: list[str] = option(factory=list, help="Module names (or suffixes) never adapted.")
-    dropout: float = option(0.0, "Dropout on the adapter input in training forwards (0: the sampler's and the "
-                            "trainer's logprobs agree exactly).", validator=[non_negative, v.lt(1)])
+    dropout: float = option(0.0, "Dropout on the adapter input, in the training forward only (never in the "
+                            "logprob passes); above 0 the trainer's logprobs differ from the sampler's.",
+                            validator=[non_negative, v.lt(1)])
     sync: Literal["merged", "adapter"] = option("merged", "What weight sync sends to generation: `merged`, the "
                                                 "base weights with the adapters folded in (W + alpha/rank x B@A, "
                                                 "computed without touching the training weights) under the base "

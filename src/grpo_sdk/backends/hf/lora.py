@@ -94,8 +94,21 @@ def apply(model: torch.nn.Module, cfg: Any, seed: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         wrapped = peft.get_peft_model(model, lora_config)
+    if cfg.dropout > 0:
+        for layer in lora_layers(model).values():
+            layer.lora_dropout[ADAPTER] = TrainingDropout(cfg.dropout)
     model.eval()  # get_peft_model keeps the mode, but dropout off must not depend on that
     return wrapped
+
+
+class TrainingDropout(torch.nn.Dropout):
+    """Dropout in the training forward only. The policy keeps its model in eval mode (no dropout, so
+    the sampler's, the old policy's and the trainer's logprobs agree), where peft's ``nn.Dropout``
+    would never drop: this one drops whenever autograd records, i.e. in ``train``'s forward (and its
+    activation-checkpointing recompute, which replays the RNG), never in the no-grad logprob passes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x, self.p, training=torch.is_grad_enabled())
 
 
 def lora_layers(model: torch.nn.Module) -> dict[str, Any]:
