@@ -180,21 +180,26 @@ def write_adapter(wrapped, directory: Path, state: dict[str, torch.Tensor]) -> N
     save_file(state, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
 
 
-def read_adapter(directory: Path, device: str | None = None) -> dict[str, torch.Tensor]:
-    """An adapter file's tensors under the unwrapped model's names."""
+def read_adapter(directory: Path, model: torch.nn.Module, device: str | None = None) -> dict[str, torch.Tensor]:
+    """An adapter file's tensors under the unwrapped model's names, checked against ``model``'s adapters."""
     path = directory / ADAPTER_FILE
     if not path.is_file():
         raise RuntimeError(f"{directory} holds no LoRA adapter ({ADAPTER_FILE}); was it saved with policy.lora "
                            "enabled?")
-    return model_names(load_file(str(path), device=device or "cpu"))
-
-
-def check_adapter_keys(path: str, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    state = model_names(load_file(str(path), device=device or "cpu"))
     expected = {name for name, _ in model.named_parameters() if is_adapter_name(name)}
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
-        raise RuntimeError(f"LoRA checkpoint {path} does not match the model's adapters (policy.lora): missing "
+        raise RuntimeError(f"LoRA checkpoint {directory} does not match the model's adapters (policy.lora): missing "
                            f"{sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+    return state
+
+
+def refuse_adapter_checkpoint(directory: Path) -> None:
+    """For a policy without LoRA: an adapters-only checkpoint is a clear error, not a missing file."""
+    if (directory / ADAPTER_CONFIG).is_file() and not (directory / "model.safetensors").is_file():
+        raise RuntimeError(f"checkpoint {directory} holds LoRA adapters only (it was trained with policy.lora."
+                           "enabled=true); load it with policy.lora enabled, or export it merged (grpoctl export)")
 
 
 def base_model_path(directory: Path) -> str | None:

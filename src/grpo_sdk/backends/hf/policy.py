@@ -1,5 +1,10 @@
 """hf policy: logprobs, a frozen reference copy, and optimizer steps over micro-batches.
 
+With ``policy.lora.enabled`` the model carries peft LoRA adapters (``grpo_sdk.backends.hf.lora``):
+the optimizer holds the adapters only, the reference is the same model with its adapters disabled
+(no copy), ``named_weights`` yields merged weights under the base names, and checkpoints hold the
+adapters only.
+
 One GRPO step's rows are split into global batches of ``policy.train_global_batch_size`` rows
 (one optimizer step each), and each global batch into micro-batches of
 ``policy.train_micro_batch_size`` rows whose gradients accumulate. The loss function divides by
@@ -23,7 +28,7 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.backends.hf import distributed
+from grpo_sdk.backends.hf import distributed, lora
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
 from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
@@ -78,8 +83,6 @@ class HFPolicy:
             enable()
         self.reference = self.lora = None
         if cfg.policy.lora.enabled:
-            from grpo_sdk.backends.hf import lora
-
             # Adapters injected in place: self.model stays the module trained, sharded and saved.
             # The reference is this model with its adapters disabled, so there is no copy to make.
             self.lora = lora.apply(self.model, cfg.policy.lora, seed=context.seed)
@@ -209,13 +212,12 @@ class HFPolicy:
         # Whole tensors; data-parallel: gathered one by one, so every rank must drain this iterator.
         named = distributed.full_weights(self.model) if self.dp else self.model.state_dict().items()
         if self.lora is not None:  # the base model's names, adapters folded in (policy.lora.sync=merged)
-            from grpo_sdk.backends.hf import lora
-
             named = lora.merged_weights(named, lora.lora_layers(self.model))
         yield from named
 
     def save_checkpoint(self, path: str) -> None:
-        """A Hugging Face model directory, plus the optimizer and LR-schedule state next to it.
+        """A Hugging Face model directory (with LoRA: peft's adapter directory), plus the optimizer and
+        LR-schedule state next to it.
 
         Data-parallel: every rank calls it; rank 0 writes the same files as one process would
         (whole tensors), the others write nothing; every rank returns once the files are written.
@@ -252,8 +254,6 @@ class HFPolicy:
 
     def _write_checkpoint(self, directory: Path, model_state: dict | None, optim_state: dict | None) -> None:
         if self.lora is not None:  # peft's adapter directory, not the model: the base never changes
-            from grpo_sdk.backends.hf import lora
-
             state = model_state if model_state is not None else self.model.state_dict()
             lora.write_adapter(self.lora, directory, lora.adapter_state(state.items()))
         else:
@@ -272,13 +272,9 @@ class HFPolicy:
             return
         directory = Path(path)
         if self.lora is not None:
-            from grpo_sdk.backends.hf import lora
-
-            state = lora.read_adapter(directory, str(self.device))
-            lora.check_adapter_keys(path, self.model, state)
-            self.model.load_state_dict(state, strict=False)
+            self.model.load_state_dict(lora.read_adapter(directory, self.model, str(self.device)), strict=False)
         else:
-            _refuse_adapter_checkpoint(directory)
+            lora.refuse_adapter_checkpoint(directory)
             state = load_file(str(directory / "model.safetensors"), device=str(self.device))
             missing, unexpected = self.model.load_state_dict(state, strict=False)
             _check_model_keys(path, self.model, missing, unexpected)
@@ -298,12 +294,9 @@ class HFPolicy:
         if self.rank == 0:
             try:
                 if self.lora is not None:  # the adapters only; strict=False below leaves the base as loaded
-                    from grpo_sdk.backends.hf import lora
-
-                    model_state = lora.read_adapter(directory)
-                    lora.check_adapter_keys(path, self.model, model_state)
+                    model_state = lora.read_adapter(directory, self.model)
                 else:
-                    _refuse_adapter_checkpoint(directory)
+                    lora.refuse_adapter_checkpoint(directory)
                     model_state = load_file(str(directory / "model.safetensors"))
                     for names in distributed.parameter_aliases(self.model):  # a tied weight is stored once
                         present = next((name for name in names if name in model_state), None)
@@ -349,12 +342,6 @@ class HFPolicy:
     def shutdown(self) -> None:
         self.model = self.reference = self.lora = None
         self.optimizer = None
-
-
-def _refuse_adapter_checkpoint(directory: Path) -> None:
-    if (directory / "adapter_config.json").is_file() and not (directory / "model.safetensors").is_file():
-        raise RuntimeError(f"checkpoint {directory} holds LoRA adapters only (it was trained with policy.lora."
-                           "enabled=true); load it with policy.lora enabled, or export it merged (grpoctl export)")
 
 
 def _check_model_keys(path: str, model, missing, unexpected) -> None:
