@@ -61,6 +61,12 @@ def gpt2(tmp_path_factory) -> Path:
     return root
 
 
+def held_storage(policy) -> set[int]:
+    """Data pointers of the parameters of every module the policy object holds."""
+    modules = [value for value in vars(policy).values() if isinstance(value, torch.nn.Module)]
+    return {p.data_ptr() for module in modules for p in module.parameters()}
+
+
 def trained(policy, cfg, steps: int = 2):
     data = random_batch()
     data.prev_logprobs = policy.logprobs(data)
@@ -79,10 +85,11 @@ def test_only_the_adapters_train_and_the_reference_is_the_frozen_base_without_a_
     trainable = {id(p) for p in policy.params}
     assert trainable == {id(p) for n, p in policy.model.named_parameters() if n in adapters}
     assert {id(p) for group in policy.optimizer.param_groups for p in group["params"]} == trainable
-    # No second model: no reference module, and every parameter tensor in the process is the policy's.
-    assert policy.reference is None
-    storages = {p.data_ptr() for p in policy.model.parameters()}
-    assert len(storages) == len(list(policy.model.parameters()))  # (tied wte/lm_head counted once by parameters())
+    # No second model: every module the policy holds (model, peft wrapper, reference) shares the
+    # model's parameter storage; a full-parameter policy, the control, holds a reference copy.
+    assert policy.reference is None and held_storage(policy) == {p.data_ptr() for p in policy.model.parameters()}
+    full, _ = make_policy(gpt2, lora=False)
+    assert len(held_storage(full)) == 2 * len({p.data_ptr() for p in full.model.parameters()})
     base_before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if n not in adapters}
 
     data = trained(policy, cfg)
