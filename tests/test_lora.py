@@ -193,6 +193,23 @@ def test_dropout_acts_in_the_training_forward_only(gpt2):
     assert noisy.requires_grad and not torch.allclose(noisy, plain.logprobs(data), atol=1e-4)
 
 
+def test_the_run_plan_counts_no_reference_copy_and_no_full_gradients_with_lora():
+    from grpo_sdk.cli.plan import make_plan
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.plugins.registry import Registry
+
+    registry = Registry.discover()
+    full = make_plan(load_config(None, ["loss_fn.reference_policy_kl_penalty=0.05"], registry), registry)
+    plan = make_plan(load_config(None, ["loss_fn.reference_policy_kl_penalty=0.05", "policy.lora.enabled=true"],
+                                 registry), registry)
+    params = plan.model.params
+    assert full.memory_bytes["reference_model"] == 4 * params and "reference_model" not in plan.memory_bytes
+    assert plan.memory_bytes["gradients"] == plan.memory_bytes["adamw_moments"] == 0
+    assert plan.memory_bytes["total"] == 8 * params  # policy weights + generation's copy
+    text = plan.render()
+    assert "the base with the adapters off, no copy" in text and "LoRA adapters (policy.lora)" in text
+
+
 def test_missing_peft_is_a_plugin_error_with_the_install_line(monkeypatch):
     from grpo_sdk.backends.hf.spec import check_policy
     from grpo_sdk.core.config_loader import load_config
