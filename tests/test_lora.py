@@ -303,6 +303,9 @@ def test_a_lora_run_samples_with_the_merged_weights_and_exports_both_ways(tmp_pa
         torch.testing.assert_close(plain(ids).logits, with_adapter(ids).logits, rtol=0, atol=1e-5)
         with with_adapter.disable_adapter():
             assert not torch.allclose(plain(ids).logits, with_adapter(ids).logits, atol=1e-4)
+    serve = run_grpoctl("serve", "run", cwd=tmp_path, timeout=120)
+    assert serve.returncode == 2 and "holds LoRA adapters only" in serve.stderr and "--step 8" in serve.stderr, \
+        serve.stderr
     bad = run_grpoctl("export", "run", "other", "--lora", "both", cwd=tmp_path)
     assert bad.returncode == 2 and "--lora: must be 'merged' or 'adapter'" in bad.stderr
 
