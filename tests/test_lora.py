@@ -123,6 +123,16 @@ def test_merged_weights_are_the_base_names_and_give_the_policys_logprobs(gpt2):
     assert not torch.allclose(c_attn, fresh_base_weight(gpt2, "transformer.h.0.attn.c_attn.weight"))
 
 
+def test_bfloat16_base_with_float32_adapters(gpt2):
+    policy, cfg = make_policy(gpt2, overrides=("policy.precision=bfloat16",))
+    assert {p.dtype for p in policy.params} == {torch.float32}  # the updates are not rounded to bf16
+    assert {p.dtype for n, p in policy.model.named_parameters() if ".lora_" not in n} == {torch.bfloat16}
+    data = trained(policy, cfg)
+    merged = dict(policy.named_weights())
+    assert {t.dtype for t in merged.values()} == {torch.bfloat16}
+    assert not torch.allclose(policy.logprobs(data), policy.reference_logprobs(data), atol=1e-3)
+
+
 def fresh_base_weight(model_dir: Path, name: str) -> torch.Tensor:
     from safetensors.torch import load_file
 
