@@ -16,7 +16,8 @@ newest checkpoint that verifies. CRC-32 detects accidental damage (2 GB/s here),
 Layout of ``step_N/``::
 
     policy/                  the policy backend's files; for hf a Hugging Face model directory
-                             (config.json, model.safetensors, tokenizer) plus optimizer.safetensors
+                             (config.json, model.safetensors, tokenizer) plus optimizer.safetensors;
+                             with policy.lora peft's adapter directory instead of the model
     generation/              the generation backend's state (its sampling RNG), when it has any
     rng.safetensors          torch's global RNG state
     training_state.json      step counters, dataloader position, Python RNG state, ranking metric
