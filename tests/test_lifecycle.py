@@ -59,6 +59,30 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     assert "val/accuracy" in metrics_of(a)[7] and "val/pass_k" in metrics_of(a)[7]  # validated at step 8
 
 
+@pytest.mark.slow
+def test_lora_resume_after_sigkill_is_exact(tmp_path):
+    """policy.lora: the checkpoint holds the adapters and their optimizer state only (the base is the
+    model's own files); killed after a checkpoint and resumed, the run is the uninterrupted one."""
+    pytest.importorskip("peft")
+    args = ["run", "--run-dir", "run", "grpo.max_num_steps=10", "policy.lora.enabled=true",
+            "loss_fn.reference_policy_kl_penalty=0.01", *SMALL]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    reference = run_grpoctl(*args, cwd=tmp_path / "a")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    run_and_kill_after(args, tmp_path / "b", step=6)
+    resumed = run_grpoctl("run", "--resume", "run", cwd=tmp_path / "b")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 4" in resumed.stdout
+
+    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    assert metrics_of(b) == metrics_of(a)
+    adapters = [CheckpointManager(CheckpointingConfig(), run).latest() / "policy" / "adapter_model.safetensors"
+                for run in (a, b)]
+    assert adapters[0].read_bytes() == adapters[1].read_bytes()
+    assert metrics_of(a)[-1]["kl_penalty"] > 0  # the adapters trained
+
+
 def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", "run",
                              "grpo.max_num_steps=1000", *SMALL], cwd=tmp_path, env=grpoctl_env(), stdout=subprocess.PIPE,

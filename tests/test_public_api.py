@@ -388,7 +388,7 @@ API_SIGNATURES = {
     "train": ["config", "overrides", "*", "run_dir", "reward_funcs", "plugins", "resume", "progress", "on_step"],
     "load_config": ["config", "overrides", "*", "reward_funcs", "plugins"],
     "Trainer": ["config", "*", "run_dir", "overrides", "reward_funcs", "plugins", "resume", "progress", "on_step"],
-    "export_model": ["run_dir", "out", "*", "step", "best"],
+    "export_model": ["run_dir", "out", "*", "step", "best", "lora"],
 }
 RUN_SUMMARY_FIELDS = ["status", "steps", "seconds", "reward_first", "reward_last", "validation", "run_dir",
                       "checkpoint", "example", "reason", "metrics", "ended_by"]

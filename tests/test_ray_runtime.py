@@ -209,6 +209,18 @@ def test_ray_gives_the_in_process_results(tmp_path, layout):
 
 
 @needs_ray
+def test_lora_on_two_fsdp2_ranks_gives_the_in_process_results(tmp_path):
+    """policy.lora on Ray: two FSDP2 policy ranks train the adapters and sync merged weights to the
+    generation worker as the in-process run does; the adapters move the policy off the base."""
+    pytest.importorskip("peft")
+    lora = ["policy.lora.enabled=true", "loss_fn.reference_policy_kl_penalty=0.01"]
+    local = train(trainer_for(tmp_path, "local", *SHORT, *lora))
+    on_ray = train(trainer_for(tmp_path, "ray", *SHORT, *RAY, "cluster.policy_workers=2", *lora))
+    assert_same_results(local, on_ray)
+    assert on_ray[-1]["kl_penalty"] > 0 and all(abs(m["token_mult_prob_error"] - 1) < 1e-4 for m in on_ray)
+
+
+@needs_ray
 @pytest.mark.parametrize("role, index, method, layout", [
     ("generation", 0, "generate", []),
     ("policy", 1, "train", ["cluster.policy_workers=2"]),

@@ -171,8 +171,10 @@ def train(config: MasterConfig | ConfigFiles = None, overrides: Sequence[str] = 
 
 
 def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None,
-                 best: bool = False) -> Path:
-    """`grpoctl export`: a checkpoint's policy as a standalone Hugging Face model directory; its path."""
+                 best: bool = False, lora: str = "merged") -> Path:
+    """`grpoctl export`: a checkpoint's policy as a standalone Hugging Face model directory; its path.
+    A LoRA checkpoint: ``lora="merged"`` folds the adapters into the base, ``"adapter"`` copies peft's
+    adapter directory."""
     from grpo_sdk.trainer.checkpoint import export_policy
 
-    return export_policy(Path(run_dir), Path(out), step=step, best=best)
+    return export_policy(Path(run_dir), Path(out), step=step, best=best, lora=lora)

@@ -319,7 +319,9 @@ def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
             if ckpt.keep_top_k is not None else "keeps all")
     line = (f"every {ckpt.save_period} steps (checkpointing.save_period) and at the end: {_n(saves, 'save')} into "
             f"{where}; {keep}")
-    if model.params is not None:
+    if cfg.policy.lora.enabled:
+        line += "; each the LoRA adapters (policy.lora) and their optimizer state only, not the model"
+    elif model.params is not None:
         size = model.params * DTYPE_BYTES[cfg.policy.precision] + (model.params * ADAM_MOMENT_BYTES
                                                                    if ckpt.save_optimizer else 0)
         line += f"; each about {human_bytes(size)}" + (" with the optimizer state" if ckpt.save_optimizer else "")
@@ -349,8 +351,15 @@ def _memory(cfg: Any, registry: Any, model: ModelSize) -> tuple[dict[str, int], 
              "adamw_moments": f"2 x {params:,} x 4 B (fp32"
                               + ("; a backend that keeps them in the parameter dtype needs less)"
                                  if width < 4 else ")")}
+    lora = policy.lora.enabled
+    if lora:  # the base is frozen: gradients and moments of the adapters only (rank x (in + out) per layer)
+        parts["gradients"] = parts["adamw_moments"] = 0
+        notes["gradients"] = notes["adamw_moments"] = ("the LoRA adapters' only (policy.lora.rank x (in + out) "
+                                                       "per adapted layer), not counted")
     kl = cfg.loss_fn.reference_policy_kl_penalty
-    if kl > 0:
+    if kl > 0 and lora:
+        notes["weights"] += "; also the reference for the KL penalty (LoRA: the base with the adapters off, no copy)"
+    elif kl > 0:
         parts["reference_model"] = params * width
         notes["reference_model"] = f"a frozen copy for the KL penalty (loss_fn.reference_policy_kl_penalty={kl})"
     if _needs_teacher(cfg, registry):

@@ -139,8 +139,12 @@ def _run(request: RunRequest) -> None:
         print(f"example: {ex['prompt']!r} -> {ex['response']!r} (reward {ex['reward']:.2f})")
     print(f"run dir: {summary.run_dir}")
     if summary.checkpoint:
-        print(f"checkpoint: {summary.checkpoint} (policy/ is a Hugging Face model directory; "
-              f"grpoctl export {summary.run_dir} DIR copies it)")
+        if (Path(summary.checkpoint) / "policy" / "adapter_config.json").is_file():  # policy.lora
+            print(f"checkpoint: {summary.checkpoint} (policy/ holds LoRA adapters, a peft directory; "
+                  f"grpoctl export {summary.run_dir} DIR merges them into a model directory)")
+        else:
+            print(f"checkpoint: {summary.checkpoint} (policy/ is a Hugging Face model directory; "
+                  f"grpoctl export {summary.run_dir} DIR copies it)")
     if summary.status == "interrupted":
         print(f"resume: {request.resume_command(run_dir)}")
         print("interrupted", file=sys.stderr)

@@ -178,6 +178,9 @@ def model_source(model: str, step: int | None = None, best: bool = False) -> Mod
 
 def _checkpoint_source(checkpoint: Path, saved: Path | None, name: str) -> ModelSource:
     policy = checkpoint / "policy"
+    if (policy / "adapter_config.json").is_file() and not (policy / "config.json").is_file():
+        raise ServeError(f"MODEL: {policy} holds LoRA adapters only (policy.lora); merge them into a model directory "
+                         f"with `grpoctl export RUN_DIR DIR --step {checkpoint.name.split('_')[-1]}` and serve DIR")
     if not (policy / "config.json").is_file():
         raise ServeError(f"MODEL: {policy} holds no config.json: this checkpoint's policy is not a Hugging Face model "
                          "directory (a policy backend that saves another format); serve a model directory instead")

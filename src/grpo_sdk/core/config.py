@@ -565,6 +565,32 @@ class SequencePackingConfig:
 
 
 @attrs.frozen(kw_only=True)
+class LoraConfig:
+    enabled: bool = option(False, "Train LoRA adapters (peft, hf policy only) instead of every weight: the base is "
+                           "frozen, the optimizer holds the adapters only, and the reference policy is the base "
+                           "with the adapters disabled (no second model copy). Needs `pip install 'grpo-sdk[lora]'`.")
+    rank: int = option(8, "Rank r of each adapter's A (r x in) and B (out x r) matrices (the seed's `dim`).",
+                       validator=positive)
+    alpha: float = option(32.0, "Adapter scale numerator: the update is alpha / rank x B @ A.", validator=positive)
+    target_modules: list[str] = option(factory=list, help="Module names (or name suffixes, peft's rule) that get "
+                                       "adapters, e.g. [q_proj, v_proj]; empty with match_all_linear: every linear "
+                                       "layer except the LM head. A name matching no linear layer is an error "
+                                       "listing the model's.")
+    match_all_linear: bool = option(True, "With empty target_modules: adapt every linear layer (Linear and "
+                                    "GPT-2's Conv1D) except the LM head.")
+    exclude_modules: list[str] = option(factory=list, help="Module names (or suffixes) never adapted.")
+    dropout: float = option(0.0, "Dropout on the adapter input, in the training forward only (never in the "
+                            "logprob passes); above 0 the trainer's logprobs differ from the sampler's.",
+                            validator=[non_negative, v.lt(1)])
+    sync: Literal["merged", "adapter"] = option("merged", "What weight sync sends to generation: `merged`, the "
+                                                "base weights with the adapters folded in (W + alpha/rank x B@A, "
+                                                "computed without touching the training weights) under the base "
+                                                "model's names, which every backend takes; `adapter`, the adapter "
+                                                "tensors only, for a backend that loads LoRA adapters (none of the "
+                                                "built-in ones yet: refused).")
+
+
+@attrs.frozen(kw_only=True)
 class PolicyConfig:
     __plugin__ = PluginSlot.of("policy")
 
@@ -594,6 +620,7 @@ class PolicyConfig:
     optimizer: OptimizerConfig = option(factory=OptimizerConfig, help="Optimizer settings.")
     scheduler: SchedulerConfig = option(factory=SchedulerConfig, help="Learning-rate schedule.")
     generation: GenerationConfig = option(factory=GenerationConfig, help="Rollout generation settings.")
+    lora: LoraConfig = option(factory=LoraConfig, help="LoRA adapters (hf policy).")
     raw_blocks: dict[str, Any] = _raw_blocks()
     structured_blocks: dict[str, Any] = _structured_blocks()
 

@@ -576,6 +576,22 @@ def check_policy_batching(cfg: C.MasterConfig, registry: Any = None) -> list[tup
     return problems
 
 
+def check_lora(cfg: C.MasterConfig) -> list[tuple[str, str]]:
+    """``policy.lora`` is implemented by the hf policy only, and weight sync sends merged weights."""
+    lora = cfg.policy.lora
+    if not lora.enabled:
+        return []
+    problems = []
+    if cfg.policy.backend != "hf":
+        problems.append(("policy.lora.enabled", f"LoRA is implemented by policy.backend=hf only, not "
+                         f"{cfg.policy.backend!r}: set policy.backend=hf or policy.lora.enabled=false"))
+    if lora.sync == "adapter":
+        problems.append(("policy.lora.sync", "'adapter' (adapter tensors only) needs a generation backend that "
+                         "loads LoRA adapters, and no built-in one does yet (policy.generation.backend="
+                         f"{cfg.policy.generation.backend!r}); use 'merged', which every backend takes"))
+    return problems
+
+
 def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
     cluster.runtime=ray, except the built-in ``collective`` with a generation engine that receives
@@ -650,6 +666,6 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry)
+            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry) + check_lora(cfg)
             + check_async(cfg, registry) + check_episodes(cfg, registry)
             + check_components(cfg, registry))

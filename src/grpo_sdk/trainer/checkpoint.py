@@ -16,7 +16,8 @@ newest checkpoint that verifies. CRC-32 detects accidental damage (2 GB/s here),
 Layout of ``step_N/``::
 
     policy/                  the policy backend's files; for hf a Hugging Face model directory
-                             (config.json, model.safetensors, tokenizer) plus optimizer.safetensors
+                             (config.json, model.safetensors, tokenizer) plus optimizer.safetensors;
+                             with policy.lora peft's adapter directory instead of the model
     generation/              the generation backend's state (its sampling RNG), when it has any
     rng.safetensors          torch's global RNG state
     training_state.json      step counters, dataloader position, Python RNG state, ranking metric
@@ -265,16 +266,33 @@ def chosen_checkpoint(run_dir: Path, *, step: int | None = None, best: bool = Fa
     return manager.best() if best else found[-1]
 
 
-def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False) -> Path:
+def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False,
+                  lora: str = "merged") -> Path:
     """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
-    from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default."""
+    from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default.
+
+    A LoRA checkpoint (adapters only) becomes, with ``lora="merged"``, the base model with the adapters
+    folded in (a plain Hugging Face model directory), or with ``lora="adapter"`` peft's adapter directory.
+    """
     from grpo_sdk.core.errors import ConfigError
 
+    if lora not in ("merged", "adapter"):
+        raise ConfigError([("--lora", f"must be 'merged' or 'adapter', not {lora!r}")])
     chosen = chosen_checkpoint(run_dir, step=step, best=best)
     if out.exists():
         raise ConfigError([("OUT", f"{out} already exists")])
-    shutil.copytree(chosen / "policy", out, ignore=shutil.ignore_patterns("optimizer.*"))
-    return chosen / "policy"
+    policy = chosen / "policy"
+    is_adapter = (policy / "adapter_config.json").is_file()
+    if lora == "adapter" and not is_adapter:
+        raise ConfigError([("--lora", f"'adapter': {policy} is not a LoRA checkpoint (the run trained every "
+                            "weight); export it without --lora")])
+    if is_adapter and lora == "merged":
+        from grpo_sdk.backends.hf.lora import export_merged
+
+        export_merged(policy, out)
+    else:
+        shutil.copytree(policy, out, ignore=shutil.ignore_patterns("optimizer.*"))
+    return policy
 
 
 def saved_manager(run_dir: Path) -> CheckpointManager:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import MAX_TOKENS
+from grpo_sdk.plugins.toolkit import MAX_TOKENS, require_engine
 
 SHARE_KEY = "policy.generation.hf.share_policy_model"
 
@@ -96,6 +96,10 @@ def check_generation(config: Any, options: HFGenerationConfig, registry: Any) ->
 
 
 def check_policy(config: Any, options: HFPolicyConfig, registry: Any) -> list[tuple[str, str]]:
+    # LoRA needs peft: not installed is a PluginError (exit 3) with the install line, before any model
+    # loads. The target module names are checked against the model when it is built.
+    if config.policy.lora.enabled:
+        require_engine("peft", "policy.lora.enabled=true needs it: pip install 'grpo-sdk[lora]'", gpu=False)
     if options.autocast is not None and config.policy.precision != "float32":
         return [("policy.hf.autocast", f"{options.autocast} autocast keeps float32 master weights: it needs "
                  f"policy.precision=float32 (it is {config.policy.precision}, so the weights themselves would be "

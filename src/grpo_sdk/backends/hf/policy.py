@@ -1,5 +1,10 @@
 """hf policy: logprobs, a frozen reference copy, and optimizer steps over micro-batches.
 
+With ``policy.lora.enabled`` the model carries peft LoRA adapters (``grpo_sdk.backends.hf.lora``):
+the optimizer holds the adapters only, the reference is the same model with its adapters disabled
+(no copy), ``named_weights`` yields merged weights under the base names, and checkpoints hold the
+adapters only.
+
 One GRPO step's rows are split into global batches of ``policy.train_global_batch_size`` rows
 (one optimizer step each), and each global batch into micro-batches of
 ``policy.train_micro_batch_size`` rows whose gradients accumulate, or, with
@@ -26,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo_sdk.backends import colocation
-from grpo_sdk.backends.hf import distributed
+from grpo_sdk.backends.hf import distributed, lora
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.forward import sequence_logprobs
 from grpo_sdk.backends.hf.loading import autocast_context, enable_activation_checkpointing, load_model
@@ -80,8 +85,12 @@ class HFPolicy:
             enable_activation_checkpointing(self.model)
         # Every forward pass of the policy and the reference (not the loss, not the backward) runs in it.
         self.autocast = autocast_context(self.device, config.autocast)
-        self.reference = None
-        if context.needs_reference:
+        self.reference = self.lora = None
+        if cfg.policy.lora.enabled:
+            # Adapters injected in place: self.model stays the module trained, sharded and saved.
+            # The reference is this model with its adapters disabled, so there is no copy to make.
+            self.lora = lora.apply(self.model, cfg.policy.lora, seed=context.seed)
+        elif context.needs_reference:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
         if self.dp:
             from torch.distributed.device_mesh import init_device_mesh
@@ -128,6 +137,9 @@ class HFPolicy:
         return self._logprobs(self.model, batch)
 
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.lora is not None:  # the frozen base: the same module, adapters off
+            with self.lora.disable_adapter():
+                return self._logprobs(self.model, batch)
         if self.reference is None:
             raise RuntimeError("reference_logprobs needs loss_fn.reference_policy_kl_penalty > 0")
         return self._logprobs(self.reference, batch)
@@ -246,13 +258,15 @@ class HFPolicy:
     # --- weights and state ----------------------------------------------------------------------
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.dp:  # whole tensors, gathered one by one: every rank must drain this iterator
-            yield from distributed.full_weights(self.model)
-        else:
-            yield from self.model.state_dict().items()
+        # Whole tensors; data-parallel: gathered one by one, so every rank must drain this iterator.
+        named = distributed.full_weights(self.model) if self.dp else self.model.state_dict().items()
+        if self.lora is not None:  # the base model's names, adapters folded in (policy.lora.sync=merged)
+            named = lora.merged_weights(named, lora.lora_layers(self.model))
+        yield from named
 
     def save_checkpoint(self, path: str) -> None:
-        """A Hugging Face model directory, plus the optimizer and LR-schedule state next to it.
+        """A Hugging Face model directory (with LoRA: peft's adapter directory), plus the optimizer and
+        LR-schedule state next to it.
 
         Data-parallel: every rank calls it; rank 0 writes the same files as one process would
         (whole tensors), the others write nothing; every rank returns once the files are written.
@@ -264,7 +278,9 @@ class HFPolicy:
                                                              get_optimizer_state_dict)
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only
-        model_state = get_model_state_dict(self.model, options=options)
+        # With LoRA only the adapters are written (and so gathered): the base is the model's own files.
+        model_state = get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.lora is not None))
         optim_state = (get_optimizer_state_dict(self.model, self.optimizer, options=options)
                        if self.save_optimizer else None)
         error = None
@@ -286,7 +302,11 @@ class HFPolicy:
             raise error or RuntimeError(f"rank 0 of the policy group could not write the checkpoint {path}")
 
     def _write_checkpoint(self, directory: Path, model_state: dict | None, optim_state: dict | None) -> None:
-        self.model.save_pretrained(directory, state_dict=model_state, safe_serialization=True)
+        if self.lora is not None:  # peft's adapter directory, not the model: the base never changes
+            state = model_state if model_state is not None else self.model.state_dict()
+            lora.write_adapter(self.lora, directory, lora.adapter_state(state.items()))
+        else:
+            self.model.save_pretrained(directory, state_dict=model_state, safe_serialization=True)
         if optim_state is not None:
             tensors, meta = _flatten_optimizer_state(optim_state)
             save_file(tensors, str(directory / "optimizer.safetensors"))
@@ -300,9 +320,13 @@ class HFPolicy:
             self._load_sharded_checkpoint(path)
             return
         directory = Path(path)
-        state = load_file(str(directory / "model.safetensors"), device=str(self.device))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        _check_model_keys(path, self.model, missing, unexpected)
+        if self.lora is not None:
+            self.model.load_state_dict(lora.read_adapter(directory, self.model, str(self.device)), strict=False)
+        else:
+            lora.refuse_adapter_checkpoint(directory)
+            state = load_file(str(directory / "model.safetensors"), device=str(self.device))
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            _check_model_keys(path, self.model, missing, unexpected)
         if (directory / "optimizer.json").is_file():
             meta = json.loads((directory / "optimizer.json").read_text())
             tensors = load_file(str(directory / "optimizer.safetensors"), device=str(self.device))
@@ -318,13 +342,17 @@ class HFPolicy:
         model_state, optim_state, header, error = {}, {}, {}, None
         if self.rank == 0:
             try:
-                model_state = load_file(str(directory / "model.safetensors"))
-                for names in distributed.parameter_aliases(self.model):  # a tied weight is stored once
-                    present = next((name for name in names if name in model_state), None)
-                    if present is not None:
-                        model_state.update(dict.fromkeys(names, model_state[present]))
-                expected = set(self.model.state_dict())
-                _check_model_keys(path, self.model, expected - set(model_state), set(model_state) - expected)
+                if self.lora is not None:  # the adapters only; strict=False below leaves the base as loaded
+                    model_state = lora.read_adapter(directory, self.model)
+                else:
+                    lora.refuse_adapter_checkpoint(directory)
+                    model_state = load_file(str(directory / "model.safetensors"))
+                    for names in distributed.parameter_aliases(self.model):  # a tied weight is stored once
+                        present = next((name for name in names if name in model_state), None)
+                        if present is not None:
+                            model_state.update(dict.fromkeys(names, model_state[present]))
+                    expected = set(self.model.state_dict())
+                    _check_model_keys(path, self.model, expected - set(model_state), set(model_state) - expected)
                 if (directory / "optimizer.json").is_file():
                     meta = json.loads((directory / "optimizer.json").read_text())
                     optim_state = distributed.optimizer_state_by_name(_unflatten_optimizer_state(
@@ -365,7 +393,7 @@ class HFPolicy:
     def shutdown(self) -> None:
         if colocation.lookup(self.context) is self:  # a later run in this process publishes its own
             colocation.forget(self.context)
-        self.model = self.reference = None
+        self.model = self.reference = self.lora = None
         self.optimizer = None
 
 

@@ -23,3 +23,4 @@ POLICY = ComponentSpec(
     capabilities={"dynamic_batching", "sequence_packing", "logprob_chunks"},
     summary="Training of transformers causal LMs: micro-batches, AdamW, grad clipping, LR schedule.",
 )
+
