@@ -49,7 +49,8 @@ def base_logprobs(model_dir: Path, data) -> torch.Tensor:
 
     model = load_model(str(model_dir), dtype="float32", device="cpu")
     with torch.no_grad():
-        return sequence_logprobs(model, data.input_ids, data.attention_mask, temperature=1.0, top_k=None, top_p=1.0)
+        return sequence_logprobs(model, data.input_ids, data.attention_mask, temperature=1.0, top_k=None, top_p=1.0,
+                                 token_mask=data.token_mask)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,9 @@ def test_only_the_adapters_train_and_the_reference_is_the_frozen_base_without_a_
     for name, value in policy.model.named_parameters():
         if name in base_before:
             assert torch.equal(value, base_before[name]), f"frozen base weight {name} changed"
-    torch.testing.assert_close(policy.reference_logprobs(data), base_logprobs(gpt2, data), rtol=0, atol=1e-6)
+    response = data.token_mask.bool()  # the policy computes logprobs at response positions only
+    torch.testing.assert_close(policy.reference_logprobs(data)[response], base_logprobs(gpt2, data)[response],
+                               rtol=0, atol=1e-6)
     torch.testing.assert_close(policy.logprobs(data), after, rtol=0, atol=0)  # the adapters are back on
 
 
@@ -117,7 +120,8 @@ def test_merged_weights_are_the_base_names_and_give_the_policys_logprobs(gpt2):
     assert list(merged) == list(fresh.state_dict()) or set(merged) == set(fresh.state_dict())
     fresh.load_state_dict(merged)
     with torch.no_grad():
-        got = sequence_logprobs(fresh, data.input_ids, data.attention_mask, temperature=1.0, top_k=None, top_p=1.0)
+        got = sequence_logprobs(fresh, data.input_ids, data.attention_mask, temperature=1.0, top_k=None, top_p=1.0,
+                                 token_mask=data.token_mask)
     torch.testing.assert_close(got, policy.logprobs(data), rtol=0, atol=1e-5)
     c_attn = merged["transformer.h.0.attn.c_attn.weight"]
     assert not torch.allclose(c_attn, fresh_base_weight(gpt2, "transformer.h.0.attn.c_attn.weight"))
@@ -199,7 +203,7 @@ def test_dropout_acts_in_the_training_forward_only(gpt2):
     torch.testing.assert_close(policy.logprobs(data), plain.logprobs(data), rtol=0, atol=0)  # no-grad: no dropout
     with torch.enable_grad():
         noisy = sequence_logprobs(policy.model, data.input_ids, data.attention_mask, temperature=1.0, top_k=None,
-                                  top_p=1.0)
+                                  top_p=1.0, token_mask=data.token_mask)
     assert noisy.requires_grad and not torch.allclose(noisy, plain.logprobs(data), atol=1e-4)
 
 
@@ -221,15 +225,15 @@ def test_the_run_plan_counts_no_reference_copy_and_no_full_gradients_with_lora()
 
 
 def test_missing_peft_is_a_plugin_error_with_the_install_line(monkeypatch):
-    from grpo_sdk.backends.hf.spec import check_policy
+    from grpo_sdk.backends.hf.config import HFPolicyConfig, check_policy
     from grpo_sdk.core.config_loader import load_config
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, ["policy.lora.enabled=true"], Registry.discover())
-    assert check_policy(cfg, None, None) == []
+    assert check_policy(cfg, HFPolicyConfig(), None) == []
     monkeypatch.setitem(sys.modules, "peft", None)  # find_spec (and import) now say: not installed
     with pytest.raises(PluginError, match=r"peft is not installed: .*pip install 'grpo-sdk\[lora\]'") as info:
-        check_policy(cfg, None, None)
+        check_policy(cfg, HFPolicyConfig(), None)
     assert info.value.exit_code == 3
     from grpo_sdk.backends.hf import lora
 
