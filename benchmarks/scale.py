@@ -101,7 +101,9 @@ def worker(args: argparse.Namespace) -> None:
         say(event="ready", rss=rss_mb())
         while wait_for_command() == "step":
             result = _common.sdk_step(trainer)
-            say(event="step", wall=result["wall"], lengths=result["lengths"])
+            say(event="step", wall=result["wall"], lengths=result["lengths"],
+                phases={k[len("timing/"):]: v for k, v in result.items()
+                        if k.startswith("timing/") and k.count("/") == 1 and isinstance(v, float)})
     elif args.worker == "bare":
         bare = _common.BareGRPO(model_dir, reward=_common.vowel_reward, stop_at_eos=True, **shape)
         say(event="ready", rss=rss_mb())
@@ -204,6 +206,9 @@ def run_cell(size: str, model_dir: Path, new_tokens: int, args: argparse.Namespa
                                "tokens_per_s": sum(lengths) / sum(walls), "rss_ready_mb": ready[w.name]["rss"][0],
                                "peak_rss_mb": done["rss"][1], "lengths": _common.length_stats(lengths),
                                "step_times": [round(s["wall"], 4) for s in w.steps]}
+            if timed and "phases" in timed[0]:  # grpo-sdk: where its step goes (what dominates at this size)
+                results[w.name]["phases_s"] = {k: round(statistics.median(s["phases"].get(k, 0.0) for s in timed), 4)
+                                               for k in timed[0]["phases"]}
         return results
     finally:
         for w in workers:
@@ -328,6 +333,11 @@ def print_cell(cell: dict, args: argparse.Namespace) -> None:
                                                          ("grpo-sdk/TRL peak RSS", cell["grpo_over_trl_peak_rss"]))
              if value is not None]
     print("ratios: " + ", ".join(parts))
+    phases = cell["results"].get("grpo-sdk", {}).get("phases_s")
+    if phases:
+        total = phases.pop("step", None) or sum(phases.values()) or 1.0
+        print("grpo-sdk phases (median s, share of its step): " + ", ".join(
+            f"{k} {v:.3f} ({v / total:.0%})" for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 0.001))
 
 
 if __name__ == "__main__":
