@@ -17,9 +17,10 @@ SHARE_KEY = "policy.generation.hf.share_policy_model"
 class HFGenerationConfig:
     attn_implementation: Literal["sdpa", "eager"] | None = option(
         None, "Attention kernel passed to from_pretrained; null lets transformers choose.")
-    compile: bool = option(False, "torch.compile the sampling forward with a static KV cache: about 1.5x faster "
-                           "decoding of small models, after a one-time compilation of ~20 s per (batch, prompt "
-                           "width) shape; needs a C++ compiler on CPU. Uses SDPA attention.")
+    compile: bool = option(False, "torch.compile the sampling forward with a static KV cache: 1.7x faster "
+                           "decoding of a 0.4M-parameter model (docs/benchmarks.md, 2026-12-04), after a one-time "
+                           "compilation of ~20 s per (batch, prompt width) shape; needs a C++ compiler on CPU. Uses "
+                           "SDPA attention.")
     prompt_bucket: int = option(8, "With compile: prompts are left-padded to a multiple of this width, so few "
                                 "shapes are compiled.", validator=[attrs.validators.gt(0), attrs.validators.le(MAX_TOKENS)])
     share_policy_model: Literal["auto", True, False] = option(
