@@ -49,10 +49,11 @@ def check_reward_penalties(cfg: MasterConfig) -> list[tuple[str, str]]:
                          "must list at least one token id when reward_penalties.penalize_unwanted_tokens is true, "
                          "e.g. reward_penalties.token_ids.unwanted=[151643]"))
     if (ids.think_open is None) != (ids.think_close is None):
-        missing = "think_close" if ids.think_close is None else "think_open"
+        missing, given = ("think_close", "think_open") if ids.think_close is None else ("think_open", "think_close")
         problems.append((f"reward_penalties.token_ids.{missing}",
-                         "must be set too: give both think-tag ids, or neither (then they are read from the "
-                         "tokenizer when each of reward_penalties.thinking_tags is one token)"))
+                         f"must be set too, since reward_penalties.token_ids.{given} is: give both think-tag ids, "
+                         "or neither (then they are read from the tokenizer when each of "
+                         "reward_penalties.thinking_tags is one token)"))
     elif ids.think_open is not None and ids.think_open == ids.think_close:
         problems.append(("reward_penalties.token_ids.think_close",
                          f"is reward_penalties.token_ids.think_open's id too ({ids.think_open}): the tags must differ"))

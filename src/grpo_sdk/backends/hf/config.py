@@ -62,6 +62,10 @@ def share_blockers(config: Any, options: HFGenerationConfig) -> list[str]:
                        "separate processes")
     if config.policy.backend != "hf":
         reasons.append(f"policy.backend={config.policy.backend}: only the hf policy's module can be shared")
+    if config.policy.generation.backend != "hf":
+        # A plugin subclassing HFGeneration may override update_weights; sharing would skip it unasked.
+        reasons.append(f"policy.generation.backend={config.policy.generation.backend}: only the built-in hf "
+                       "generation shares the module")
     if not config.policy.generation.colocated.enabled:
         reasons.append("policy.generation.colocated.enabled=false: the generation is to have devices of its own")
     if config.grpo.async_grpo.enabled:
@@ -87,7 +91,8 @@ def shares_policy_model(config: Any, options: HFGenerationConfig | None) -> bool
     return options.share_policy_model is not False and not share_blockers(config, options)
 
 
-def check_generation(config: Any, options: HFGenerationConfig, registry: Any) -> list[tuple[str, str]]:
+def check_generation(config: Any, options: HFGenerationConfig | None, registry: Any) -> list[tuple[str, str]]:
+    options = options or HFGenerationConfig()  # a config built without the block: the defaults
     if options.share_policy_model is True:
         blockers = share_blockers(config, options)
         if blockers:
@@ -96,7 +101,8 @@ def check_generation(config: Any, options: HFGenerationConfig, registry: Any) ->
     return []
 
 
-def check_policy(config: Any, options: HFPolicyConfig, registry: Any) -> list[tuple[str, str]]:
+def check_policy(config: Any, options: HFPolicyConfig | None, registry: Any) -> list[tuple[str, str]]:
+    options = options or HFPolicyConfig()  # a config built without the block: the defaults
     # LoRA needs peft: not installed is a PluginError (exit 3) with the install line, before any model
     # loads. The target module names are checked against the model when it is built.
     if config.policy.lora.enabled:
