@@ -98,13 +98,15 @@ def test_each_version_is_loaded_as_an_adapter_that_changes_sampling_and_matches_
 
 
 @pytest.mark.slow
-def test_grpo_steps_with_adapter_sync_to_vllm(tmp_path, llama_dir):
+@pytest.mark.parametrize("transport", ["inprocess", "disk"])
+def test_grpo_steps_with_adapter_sync_to_vllm(tmp_path, llama_dir, transport):
     """GRPO with LoRA, vLLM generation and adapter-only sync: vLLM's logprobs (base + adapter) are the
     policy's at every step (token_mult_prob_error near 1, test_vllm.py's tolerance) across syncs, while
     the policy moves away from the base (the KL to the reference, the base, grows)."""
     result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={llama_dir}", "grpo.max_num_steps=4",
                          "grpo.val_period=0", "policy.optimizer.lr=0.01", *VLLM,
-                         "loss_fn.reference_policy_kl_penalty=0.01", cwd=tmp_path)
+                         "loss_fn.reference_policy_kl_penalty=0.01", f"weight_sync.backend={transport}",
+                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
