@@ -167,6 +167,25 @@ def test_adapter_sync_is_allowed_only_with_a_backend_that_loads_adapters():
     assert check_options(merged, VLLMConfig(async_engine=True), registry) == []
 
 
+def test_vllm_adapter_slot_refuses_weights_that_are_not_adapters(tmp_path):
+    """Merged weights reaching a vLLM engine set up for adapters (a policy that ignored sync=adapter)
+    are a clear error, not a silently empty adapter; nothing is handed to the engine."""
+    from types import SimpleNamespace
+
+    from grpo_sdk.backends.vllm.lora import AdapterSlot
+    from grpo_sdk.plugins import PluginError
+
+    engine = SimpleNamespace(add_lora=lambda request: pytest.fail("nothing may be loaded"))
+    slot = AdapterSlot(engine, SimpleNamespace(policy=SimpleNamespace(lora=SimpleNamespace(rank=8, alpha=32.0))))
+    a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    for weights in ([("model.layers.0.self_attn.q_proj.weight", torch.zeros(2, 2))],
+                    [(a, torch.zeros(2, 2)), ("lm_head.weight", torch.zeros(2, 2))]):
+        with pytest.raises(PluginError, match="not LoRA adapter tensors"):
+            slot.load(weights, version=1)
+    slot.close()
+    assert not slot.root.exists()
+
+
 def test_vllm_max_lora_rank_is_the_smallest_rank_vllm_accepts():
     from grpo_sdk.backends.vllm.lora import max_lora_rank
 

@@ -50,14 +50,14 @@ class AdapterSlot:
         self.request: Any = None
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
-
         state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in weights}
         modules = sorted({name.rsplit(".", 3)[-3] for name in state if ".lora_A." in name})
         if not modules or any(".lora_A." not in n and ".lora_B." not in n for n in state):
             raise PluginError("policy.lora.sync=adapter: the weights to load are not LoRA adapter tensors "
                               f"(peft's base_model.model.X.lora_A.weight names), e.g. {sorted(state)[:3]}")
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
         directory = self.root / f"v{version}"
         directory.mkdir()
         save_file(state, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
