@@ -113,3 +113,16 @@ def test_grpo_steps_with_adapter_sync_to_vllm(tmp_path, llama_dir, transport):
     assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in rows), [r["token_mult_prob_error"] for r in rows]
     assert [r["generation/weight_version"] for r in rows] == [0.0, 1.0, 2.0, 3.0]
     assert rows[0]["kl_penalty"] == 0 and rows[-1]["kl_penalty"] > 1e-3  # measured: 0 -> 0.052 at step 4
+
+
+def test_a_model_vllm_cannot_apply_lora_to_is_a_config_error_naming_the_key(tmp_path):
+    """GPT-2 has no LoRA support in vLLM: the engine refuses it as it loads the model; grpoctl reports
+    that as policy.lora.sync's problem (exit 2), not a traceback."""
+    from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
+
+    gpt2 = build_tiny_gpt2(tmp_path / "gpt2", seed=0, n_head=2)
+    result = run_grpoctl("run", "--run-dir", "run", f"policy.model_name={gpt2}", "grpo.max_num_steps=1",
+                         "grpo.val_period=0", *VLLM, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "policy.lora.sync" in result.stderr and "GPT2LMHeadModel does not support LoRA" in result.stderr
+    assert "Traceback" not in result.stderr

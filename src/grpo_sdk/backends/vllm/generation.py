@@ -96,7 +96,7 @@ class VLLMGeneration:
         in_process = in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
         from vllm import LLM
 
-        with _environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None):
+        with _environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None), lora.model_support():
             self.llm = LLM(**engine_args(config, context))
         self.config = config
         self.in_process = in_process

@@ -12,15 +12,16 @@ the adapter is the identity) they carry none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
-from grpo_sdk.plugins import PluginError
+from grpo_sdk.plugins import ConfigError, PluginError
 
 # vLLM's LoRAConfig accepts these max_lora_rank values only (vllm/config/lora.py, MaxLoRARanks).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -39,6 +40,20 @@ def max_lora_rank(rank: int) -> int:
 def engine_args(config: Any) -> dict[str, Any]:
     """The engine's LoRA arguments: one adapter slot, sized for ``policy.lora.rank``."""
     return dict(enable_lora=True, max_lora_rank=max_lora_rank(config.policy.lora.rank), max_loras=1)
+
+
+@contextlib.contextmanager
+def model_support() -> Iterator[None]:
+    """vLLM refuses LoRA for a model class without ``SupportsLoRA`` (GPT-2) when the engine loads it
+    (``ValueError: GPT2LMHeadModel does not support LoRA yet``); that is the config's problem."""
+    try:
+        yield
+    except ValueError as exc:
+        if "does not support LoRA" not in str(exc):
+            raise
+        raise ConfigError([("policy.lora.sync", f"'adapter' needs a model vLLM applies LoRA adapters to, and vLLM "
+                            f"says: {exc} Use policy.lora.sync=merged (merged weights work with every model)")]
+                          ) from exc
 
 
 class AdapterSlot:
