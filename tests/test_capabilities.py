@@ -38,8 +38,10 @@ def test_a_capability_of_another_kind_fails():
     with pytest.raises(ValueError, match=r"'cuda_ipc' is for generation components, not environment ones "
                                          r"\(valid for environment: generates_prompts, multi_turn, runs_agents, tool_calls\)"):
         spec("environment", {"cuda_ipc"})
-    # The generation kind's list, pinned: in_flight_weight_updates (async GRPO) and receives_broadcast (engines) joined cuda_ipc.
-    with pytest.raises(ValueError, match=r"\(valid for generation: cuda_ipc, in_flight_weight_updates, receives_broadcast\)"):
+    # The generation kind's list, pinned: in_flight_weight_updates (async GRPO), receives_broadcast (engines) and
+    # lora_adapters (adapter-only LoRA sync) joined cuda_ipc.
+    with pytest.raises(ValueError, match=r"\(valid for generation: cuda_ipc, in_flight_weight_updates, lora_adapters, "
+                       r"receives_broadcast\)"):
         spec("generation", {"kl_in_reward"})
     # The policy kind's: what the config checks require of a policy for its batching keys (issue 20).
     with pytest.raises(ValueError, match=r"\(valid for policy: dynamic_batching, logprob_chunks, sequence_packing\)"):

@@ -127,6 +127,71 @@ def test_merged_weights_are_the_base_names_and_give_the_policys_logprobs(gpt2):
     assert not torch.allclose(c_attn, fresh_base_weight(gpt2, "transformer.h.0.attn.c_attn.weight"))
 
 
+def test_adapter_sync_sends_the_adapters_only_under_peft_file_names(gpt2, tmp_path):
+    """policy.lora.sync=adapter: named_weights is A and B only, named as in peft's adapter file (what
+    the vLLM backend writes into the adapter directory it loads), equal to a checkpoint's tensors."""
+    from safetensors.torch import load_file
+
+    policy, cfg = make_policy(gpt2)  # the config check allows sync=adapter with vllm generation only
+    policy.lora_sync = "adapter"
+    trained(policy, cfg)
+    sent = {name: tensor.clone() for name, tensor in policy.named_weights()}
+    policy.save_checkpoint(str(tmp_path / "ckpt"))
+    saved = load_file(str(tmp_path / "ckpt" / "adapter_model.safetensors"))
+    assert set(sent) == set(saved) and all(torch.equal(sent[n], saved[n]) for n in saved)
+    assert all(n.startswith("base_model.model.") and (".lora_A.weight" in n or ".lora_B.weight" in n) for n in sent)
+    assert any(".lora_B." in n and sent[n].abs().sum() > 0 for n in sent)  # trained: B left zero
+
+
+def test_adapter_sync_is_allowed_only_with_a_backend_that_loads_adapters():
+    import attrs
+
+    from grpo_sdk.backends.vllm.config import VLLMConfig, check_options
+    from grpo_sdk.core.config_checks import check_lora
+    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.plugins.registry import Registry
+
+    registry = Registry.discover()
+    cfg = load_config(None, ["policy.lora.enabled=true"], registry)
+    cfg = attrs.evolve(cfg, policy=attrs.evolve(cfg.policy, lora=attrs.evolve(cfg.policy.lora, sync="adapter")))
+    assert [key for key, _ in check_lora(cfg, registry)] == ["policy.lora.sync"]  # hf generation
+    vllm = attrs.evolve(cfg, policy=attrs.evolve(cfg.policy, generation=attrs.evolve(cfg.policy.generation,
+                                                                                      backend="vllm")))
+    assert check_lora(vllm, registry) == []  # vllm declares lora_adapters
+    assert check_options(vllm, VLLMConfig(), registry) == []
+    problems = dict(check_options(vllm, VLLMConfig(async_engine=True), registry))
+    assert "in-process engine only" in problems["policy.lora.sync"]
+    big = attrs.evolve(vllm, policy=attrs.evolve(vllm.policy, lora=attrs.evolve(vllm.policy.lora, rank=1024)))
+    assert "largest LoRA rank vLLM loads" in dict(check_options(big, VLLMConfig(), registry))["policy.lora.rank"]
+    merged = attrs.evolve(vllm, policy=attrs.evolve(vllm.policy, lora=attrs.evolve(vllm.policy.lora, sync="merged")))
+    assert check_options(merged, VLLMConfig(async_engine=True), registry) == []
+
+
+def test_vllm_adapter_slot_refuses_weights_that_are_not_adapters(tmp_path):
+    """Merged weights reaching a vLLM engine set up for adapters (a policy that ignored sync=adapter)
+    are a clear error, not a silently empty adapter; nothing is handed to the engine."""
+    from types import SimpleNamespace
+
+    from grpo_sdk.backends.vllm.lora import AdapterSlot
+    from grpo_sdk.plugins import PluginError
+
+    engine = SimpleNamespace(add_lora=lambda request: pytest.fail("nothing may be loaded"))
+    slot = AdapterSlot(engine, SimpleNamespace(policy=SimpleNamespace(lora=SimpleNamespace(rank=8, alpha=32.0))))
+    a = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    for weights in ([("model.layers.0.self_attn.q_proj.weight", torch.zeros(2, 2))],
+                    [(a, torch.zeros(2, 2)), ("lm_head.weight", torch.zeros(2, 2))]):
+        with pytest.raises(PluginError, match="not LoRA adapter tensors"):
+            slot.load(weights, version=1)
+    slot.close()
+    assert not slot.root.exists()
+
+
+def test_vllm_max_lora_rank_is_the_smallest_rank_vllm_accepts():
+    from grpo_sdk.backends.vllm.lora import max_lora_rank
+
+    assert [max_lora_rank(r) for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
+
+
 def test_bfloat16_base_with_float32_adapters(gpt2):
     policy, cfg = make_policy(gpt2, overrides=("policy.precision=bfloat16",))
     assert {p.dtype for p in policy.params} == {torch.float32}  # the updates are not rounded to bf16
@@ -254,7 +319,7 @@ def test_missing_peft_exits_3_from_grpoctl(tmp_path):
     ("policy.lora.rank=0", "policy.lora.rank", "must be > 0"),
     ("policy.lora.alpha=-1", "policy.lora.alpha", "must be > 0"),
     ("policy.lora.dropout=1.0", "policy.lora.dropout", "must be < 1"),
-    ("policy.lora.sync=adapter", "policy.lora.sync", "no built-in one does yet"),
+    ("policy.lora.sync=adapter", "policy.lora.sync", "lora_adapters"),
 ])
 def test_config_errors_name_the_key_and_exit_2(tmp_path, override, key, message):
     result = run_grpoctl("config", "validate", "policy.lora.enabled=true", override, cwd=tmp_path)

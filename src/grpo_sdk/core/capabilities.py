@@ -74,6 +74,11 @@ class Capability(enum.StrEnum):
     ``resume_generation(recompute_kv_cache=)``; the class implements ``PausesForRefit``. So async
     GRPO's refit need not drain it; ``grpo.async_grpo.in_flight_weight_updates=true`` requires it.
     Read by the config checks and the contract kit (``PausesForRefit`` must be there)."""
+    LORA_ADAPTERS = "lora_adapters"
+    """generation: loads LoRA adapters itself, so weight sync may send the adapter tensors only
+    (``policy.lora.sync=adapter``): ``update_weights`` then receives peft's file names
+    (``base_model.model.X.lora_A.weight``) and applies ``policy.lora``'s rank and alpha (vLLM's
+    LoRA path). Read by the config checks: ``policy.lora.sync=adapter`` requires it."""
     DYNAMIC_BATCHING = "dynamic_batching"
     """policy: honours ``policy.dynamic_batching`` (micro-batches by token budget). Read by the config
     checks: ``policy.dynamic_batching.enabled=true`` needs it."""
@@ -98,6 +103,7 @@ CAPABILITY_KINDS: dict[Capability, str] = {
     Capability.CUDA_IPC: "generation",
     Capability.IN_FLIGHT_WEIGHT_UPDATES: "generation",
     Capability.RECEIVES_BROADCAST: "generation",
+    Capability.LORA_ADAPTERS: "generation",
     Capability.DYNAMIC_BATCHING: "policy",
     Capability.SEQUENCE_PACKING: "policy",
     Capability.LOGPROB_CHUNKS: "policy",

@@ -586,8 +586,9 @@ class LoraConfig:
                                                 "base weights with the adapters folded in (W + alpha/rank x B@A, "
                                                 "computed without touching the training weights) under the base "
                                                 "model's names, which every backend takes; `adapter`, the adapter "
-                                                "tensors only, for a backend that loads LoRA adapters (none of the "
-                                                "built-in ones yet: refused).")
+                                                "tensors only, loaded by the engine as a LoRA adapter per weight "
+                                                "version: needs a generation backend declaring lora_adapters (vllm; "
+                                                "its model must support LoRA in vLLM).")
 
 
 @attrs.frozen(kw_only=True)

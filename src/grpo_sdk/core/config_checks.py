@@ -576,8 +576,9 @@ def check_policy_batching(cfg: C.MasterConfig, registry: Any = None) -> list[tup
     return problems
 
 
-def check_lora(cfg: C.MasterConfig) -> list[tuple[str, str]]:
-    """``policy.lora`` is implemented by the hf policy only, and weight sync sends merged weights."""
+def check_lora(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
+    """``policy.lora`` is implemented by the hf policy only; adapter-only weight sync needs a
+    generation backend that loads adapters itself (``lora_adapters``: vLLM)."""
     lora = cfg.policy.lora
     if not lora.enabled:
         return []
@@ -585,10 +586,11 @@ def check_lora(cfg: C.MasterConfig) -> list[tuple[str, str]]:
     if cfg.policy.backend != "hf":
         problems.append(("policy.lora.enabled", f"LoRA is implemented by policy.backend=hf only, not "
                          f"{cfg.policy.backend!r}: set policy.backend=hf or policy.lora.enabled=false"))
-    if lora.sync == "adapter":
+    backend = cfg.policy.generation.backend
+    if lora.sync == "adapter" and Capability.LORA_ADAPTERS not in _capabilities(registry, "generation", backend):
         problems.append(("policy.lora.sync", "'adapter' (adapter tensors only) needs a generation backend that "
-                         "loads LoRA adapters, and no built-in one does yet (policy.generation.backend="
-                         f"{cfg.policy.generation.backend!r}); use 'merged', which every backend takes"))
+                         f"loads LoRA adapters itself (declares lora_adapters: vllm), not {backend!r}; use "
+                         "'merged', which every backend takes"))
     return problems
 
 
@@ -666,6 +668,6 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
     return (check_batch_shape(cfg) + check_paths(cfg) + check_model(cfg) + check_rewards(cfg) + check_algorithm(cfg, registry)
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
-            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry) + check_lora(cfg)
+            + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry) + check_lora(cfg, registry)
             + check_async(cfg, registry) + check_episodes(cfg, registry)
             + check_components(cfg, registry))

@@ -155,6 +155,15 @@ def is_adapter_name(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+def adapter_weights(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Weight sync with ``policy.lora.sync=adapter``: the adapter tensors only, under peft's file names
+    (what a backend declaring ``lora_adapters`` loads). ``named`` is drained whole: data-parallel
+    ranks gather every tensor together, the frozen base included."""
+    for name, tensor in named:
+        if is_adapter_name(name):
+            yield "base_model.model." + name.replace(f".{ADAPTER}.", "."), tensor
+
+
 def adapter_state(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The adapter tensors under peft's file names (``base_model.model.X.lora_A.weight``)."""
     return {"base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor.detach().cpu().contiguous()

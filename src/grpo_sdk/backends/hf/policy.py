@@ -86,6 +86,7 @@ class HFPolicy:
         # Every forward pass of the policy and the reference (not the loss, not the backward) runs in it.
         self.autocast = autocast_context(self.device, config.autocast)
         self.reference = self.lora = None
+        self.lora_sync = cfg.policy.lora.sync  # what named_weights sends: merged weights, or the adapters only
         if cfg.policy.lora.enabled:
             # Adapters injected in place: self.model stays the module trained, sharded and saved.
             # The reference is this model with its adapters disabled, so there is no copy to make.
@@ -260,7 +261,9 @@ class HFPolicy:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         # Whole tensors; data-parallel: gathered one by one, so every rank must drain this iterator.
         named = distributed.full_weights(self.model) if self.dp else self.model.state_dict().items()
-        if self.lora is not None:  # the base model's names, adapters folded in (policy.lora.sync=merged)
+        if self.lora is not None and self.lora_sync == "adapter":  # A and B only, peft's file names
+            named = lora.adapter_weights(named)
+        elif self.lora is not None:  # the base model's names, adapters folded in (policy.lora.sync=merged)
             named = lora.merged_weights(named, lora.lora_layers(self.model))
         yield from named
 

@@ -60,4 +60,12 @@ def check_options(config: Any, options: VLLMConfig, registry: Any) -> list[tuple
         problems.append(("policy.generation.vllm.enable_sleep_mode",
                          "must be false with policy.generation.vllm.async_engine=true: sleep mode is implemented for "
                          "the in-process engine only; set one of them to false"))
+    lora = config.policy.lora
+    if lora.enabled and lora.sync == "adapter":
+        if options.async_engine:
+            problems.append(("policy.lora.sync", "'adapter' is implemented for vLLM's in-process engine only, not "
+                             "policy.generation.vllm.async_engine=true; use policy.lora.sync=merged"))
+        if lora.rank > 512:
+            problems.append(("policy.lora.rank", f"{lora.rank} is above 512, the largest LoRA rank vLLM loads "
+                             "(max_lora_rank); use policy.lora.sync=merged or a smaller rank"))
     return problems

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from grpo_sdk.backends.vllm import lora
 from grpo_sdk.backends.vllm.config import VLLMConfig
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import load_tokenizer
@@ -45,6 +46,8 @@ def engine_args(config: VLLMConfig, context: RunContext) -> dict[str, Any]:
     )
     if config.kv_cache_memory_bytes:
         args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+    if lora.uses_adapters(cfg):  # policy.lora.sync=adapter: adapters loaded per weight version (lora.py)
+        args.update(lora.engine_args(cfg))
     return args
 
 
@@ -93,7 +96,7 @@ class VLLMGeneration:
         in_process = in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
         from vllm import LLM
 
-        with _environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None):
+        with _environ("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_process else None), lora.model_support():
             self.llm = LLM(**engine_args(config, context))
         self.config = config
         self.in_process = in_process
@@ -101,6 +104,8 @@ class VLLMGeneration:
         self.pad_token_id = tokenizer.pad_token_id
         self.weight_version = 0
         self.sleeping = False
+        adapters = lora.uses_adapters(context.config)  # policy.lora.sync=adapter
+        self.adapter = lora.AdapterSlot(self.llm.llm_engine, context.config) if adapters else None
 
     # --- sampling -------------------------------------------------------------------------------
 
@@ -109,7 +114,9 @@ class VLLMGeneration:
 
         rows = prompt_rows(prompts)
         params = [sampling_params(sampling, i) for i in range(len(rows))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        request = self.adapter.request if self.adapter is not None else None  # the current adapter
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False,
+                                    lora_request=request)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [[entry[token].logprob for token, entry in zip(row, o.outputs[0].logprobs)]
                     for row, o in zip(tokens, outputs)]
@@ -123,7 +130,9 @@ class VLLMGeneration:
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         self.prepare_for_generation()  # a sleeping engine holds no weights to update
-        if self.in_process:
+        if self.adapter is not None:  # policy.lora.sync=adapter: A and B only, loaded as a LoRA adapter
+            self.adapter.load(weights, version)
+        elif self.in_process:
             worker = self.llm.llm_engine.model_executor.driver_worker
             worker = getattr(worker, "worker", worker)
             # reload_weights, not the model's load_weights: vLLM's CPU and quantised layers repack
@@ -151,6 +160,8 @@ class VLLMGeneration:
             self.sleeping = True
 
     def shutdown(self) -> None:
+        if self.adapter is not None:
+            self.adapter.close()
         self.llm = None
 
     # --- PausesForRefit -------------------------------------------------------------------------
