@@ -28,7 +28,8 @@ class HFGenerationConfig:
         "memory (a 25M-parameter run's peak RSS drops by about the model's size) and the weight sync copies "
         "nothing (it only bumps the weight version). auto: share whenever it can work (cluster.runtime=local, "
         "policy.backend=hf and generation.backend=hf, colocated, weight_sync.backend=inprocess, no async GRPO, "
-        "no compile, one attention kernel); true: share or fail the config check saying why not; false: always a copy of its own.")
+        "no compile, one attention kernel); true: share or fail the config check saying why not; false: always a "
+        "copy of its own.")
 
 
 @attrs.frozen(kw_only=True)
