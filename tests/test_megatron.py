@@ -188,16 +188,20 @@ def test_policy_logprobs_equal_hf_policy(megatron_world, llama_dir, registry, sa
     batch = _batch()
     hf_lp = HFPolicy(None, context).logprobs(batch)
     mc_lp = MegatronPolicy(None, context).logprobs(batch)
-    # Every token whose previous token is a real one (a row's first token has no context).
+    # Every response token whose previous token is a real one: the hf policy computes logprobs at
+    # response positions only (0 elsewhere), megatron at every real token.
     keep = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
-    keep[:, 1:] = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
+    keep[:, 1:] = (batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
+                   & batch.token_mask[:, 1:].bool())
     hf_lp, mc_lp_kept = hf_lp[keep], mc_lp[keep]
     finite = torch.isfinite(hf_lp)  # top-k leaves -inf on filtered tokens: the same ones in both
     assert torch.equal(finite, torch.isfinite(mc_lp_kept)) and torch.equal(hf_lp[~finite], mc_lp_kept[~finite])
     diff = (hf_lp[finite] - mc_lp_kept[finite]).abs().max().item()
     print(f"{sampling}: max |logprob diff| = {diff:.3e}")
     assert diff <= TOL, diff
-    assert torch.all(mc_lp[~keep] == 0)
+    real = torch.zeros_like(keep)
+    real[:, 1:] = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
+    assert torch.all(mc_lp[~real] == 0)
 
 
 def test_policy_train_step_equals_hf_policy(megatron_world, llama_dir, registry, monkeypatch):

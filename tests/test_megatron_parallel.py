@@ -217,9 +217,12 @@ def runs(tmp_path_factory):
         out[name] = _run(model_dir, str(root / name), world, tp, with_hf=name == "single")
         seconds[name] = time.perf_counter() - started
     print("wall seconds per configuration (spawn + imports + all scenarios):", seconds)
-    attention = torch.load(os.path.join(model_dir, "batches.pt"), weights_only=False)[0].attention_mask
+    batch = torch.load(os.path.join(model_dir, "batches.pt"), weights_only=False)[0]
+    attention = batch.attention_mask
     out["keep"] = torch.zeros_like(attention, dtype=torch.bool)
-    out["keep"][:, 1:] = attention[:, 1:].bool() & attention[:, :-1].bool()
+    # The hf policy computes logprobs at response positions only (0 elsewhere); megatron scores every
+    # real token: compare where both do.
+    out["keep"][:, 1:] = attention[:, 1:].bool() & attention[:, :-1].bool() & batch.token_mask[:, 1:].bool()
     return out
 
 
@@ -235,7 +238,7 @@ def _logprob_diff(a, b) -> float:
 @pytest.mark.parametrize("config", ["tp2", "dp2", "tp2dp2"])
 def test_parallel_logprobs_equal_single_process(runs, config):
     single, ranks = runs["single"][0], runs[config]
-    keep = runs["keep"]  # the hf policy also scores padding and each row's first token; megatron gives 0 there
+    keep = runs["keep"]  # response tokens after a real token: where both policies compute logprobs
     for name in SAMPLINGS:
         hf_diff = _logprob_diff(single["hf"][f"logprobs/{name}"][keep], single[f"logprobs/{name}"][keep])
         for rank, result in enumerate(ranks):
