@@ -107,7 +107,7 @@ class HFPolicy:
         # With top-k/top-p the KL term uses the unfiltered distribution (a filtered token is -inf).
         filtered = bool(gen.top_k) or gen.top_p < 1.0
         self.kl_needs_unfiltered = filtered and cfg.loss_fn.reference_policy_kl_penalty > 0
-        self.forward = {**self.sampling, "chunk_size": cfg.policy.logprob_chunk_size}
+        self.chunk_size = cfg.policy.logprob_chunk_size
         self.batching = _batching(cfg.policy)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
@@ -225,7 +225,7 @@ class HFPolicy:
         return micro
 
     def _micro_logprobs(self, model, micro: TrainBatch, with_unfiltered: bool = False):
-        forward = {**self.forward, "with_unfiltered": with_unfiltered}
+        forward = {**self._forward_args(), "with_unfiltered": with_unfiltered}
         with self.autocast():
             return self._forward_logprobs(model, micro, forward)
 
@@ -242,7 +242,11 @@ class HFPolicy:
         ids = batch.input_ids[:1, :1].to(self.device)
         with self.autocast():
             return sequence_logprobs(model, ids, torch.ones_like(ids), token_mask=torch.zeros_like(ids),
-                                     **self.forward).sum()
+                                     **self._forward_args()).sum()
+
+    def _forward_args(self) -> dict:
+        # Read at each call: self.sampling is the one source of the sampling settings.
+        return {**self.sampling, "chunk_size": self.chunk_size}
 
     def _clip_and_check_gradients(self) -> float:
         max_norm = self.policy_cfg.max_grad_norm
