@@ -15,7 +15,7 @@ import torch
 
 from conftest import prompt_batch
 from grpo_sdk.backends.hf.generation import HFGeneration
-from grpo_sdk.backends.hf.loading import position_ids_for, sequence_logprobs
+from grpo_sdk.backends.hf.forward import position_ids_for, sequence_logprobs
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.records import GenerationOutput, SamplingParams

@@ -45,7 +45,8 @@ def make_policy(model_dir: Path, name: str = "gpt2", rank: int = 0, world: int =
 
 def base_logprobs(model_dir: Path, data) -> torch.Tensor:
     """The logprobs of the untouched model files, as a fresh process would compute them."""
-    from grpo_sdk.backends.hf.loading import load_model, sequence_logprobs
+    from grpo_sdk.backends.hf.forward import sequence_logprobs
+    from grpo_sdk.backends.hf.loading import load_model
 
     model = load_model(str(model_dir), dtype="float32", device="cpu")
     with torch.no_grad():
@@ -108,7 +109,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_frozen_base_without_a_
 def test_merged_weights_are_the_base_names_and_give_the_policys_logprobs(gpt2):
     from transformers import AutoModelForCausalLM
 
-    from grpo_sdk.backends.hf.loading import sequence_logprobs
+    from grpo_sdk.backends.hf.forward import sequence_logprobs
 
     policy, cfg = make_policy(gpt2)
     data = trained(policy, cfg)
@@ -259,7 +260,7 @@ def test_target_and_exclude_modules(gpt2):
 
 
 def test_dropout_acts_in_the_training_forward_only(gpt2):
-    from grpo_sdk.backends.hf.loading import sequence_logprobs
+    from grpo_sdk.backends.hf.forward import sequence_logprobs
 
     plain, cfg = make_policy(gpt2)
     data = trained(plain, cfg)  # B is no longer zero, so the adapters' input dropout shows

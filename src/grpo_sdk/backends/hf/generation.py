@@ -34,7 +34,8 @@ from safetensors.torch import load_file, save_file
 
 from grpo_sdk.backends import colocation
 from grpo_sdk.backends.hf.config import SHARE_KEY, HFGenerationConfig, policy_autocast, shares_policy_model
-from grpo_sdk.backends.hf.loading import autocast_context, load_model, position_ids_for
+from grpo_sdk.backends.hf.forward import position_ids_for
+from grpo_sdk.backends.hf.loading import autocast_context, load_model
 from grpo_sdk.backends.hf.step_gate import StepGate
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import process_logits

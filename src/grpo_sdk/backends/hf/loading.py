@@ -7,8 +7,6 @@ import warnings
 
 import torch
 
-# Re-exported: the policy's forward pass lived here before it moved to its own module.
-from grpo_sdk.backends.hf.forward import position_ids_for, sequence_logprobs  # noqa: F401
 from grpo_sdk.plugins.toolkit import load_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -227,15 +227,12 @@ class HFPolicy:
     def _micro_logprobs(self, model, micro: TrainBatch, with_unfiltered: bool = False):
         forward = {**self._forward_args(), "with_unfiltered": with_unfiltered}
         with self.autocast():
-            return self._forward_logprobs(model, micro, forward)
-
-    def _forward_logprobs(self, model, micro: TrainBatch, forward: dict):
-        if self.batching is None:
-            return sequence_logprobs(model, micro.input_ids, micro.attention_mask, token_mask=micro.token_mask,
-                                     **forward)
-        return padding_free_logprobs(model, micro.input_ids, micro.attention_mask, micro.token_mask,
-                                     pack=self.batching["pack"], round_to=self.batching["round"],
-                                     key=f"policy.{self.batching['name']}.enabled", **forward)
+            if self.batching is None:
+                return sequence_logprobs(model, micro.input_ids, micro.attention_mask, token_mask=micro.token_mask,
+                                         **forward)
+            return padding_free_logprobs(model, micro.input_ids, micro.attention_mask, micro.token_mask,
+                                         pack=self.batching["pack"], round_to=self.batching["round"],
+                                         key=f"policy.{self.batching['name']}.enabled", **forward)
 
     def _idle_forward(self, model, batch: TrainBatch) -> torch.Tensor:
         """A one-token forward pass scoring nothing: 0, with a (zero) gradient for every parameter."""

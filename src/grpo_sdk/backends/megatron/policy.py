@@ -35,7 +35,8 @@ from typing import Any, Iterator
 import torch
 
 from grpo_sdk.backends.hf import distributed
-from grpo_sdk.backends.hf.loading import DTYPES, position_ids_for
+from grpo_sdk.backends.hf.forward import position_ids_for
+from grpo_sdk.backends.hf.loading import DTYPES
 from grpo_sdk.backends.hf.policy import make_optimizer
 from grpo_sdk.backends.megatron import colocated, parallel
 from grpo_sdk.backends.megatron.config import NOT_BUILT
