@@ -72,3 +72,19 @@ def test_gsm8k_sample_loads_and_its_solutions_score_correct(monkeypatch):
     env = MathEnvironment(MathEnvConfig(), None)
     logs = [[Message(role="user", content=r["prompt"]), Message(role="assistant", content=r["solution"])] for r in rows]
     assert env.step(logs, rows).rewards["correct"] == [1.0] * len(rows)
+
+
+def test_arithmetic_data_is_what_its_generator_writes_and_the_splits_share_no_problem():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_arithmetic", ROOT / "recipes/data/make_arithmetic.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    train, val = make.make_splits()
+    for rows, name in ((train, "arithmetic_train.jsonl"), (val, "arithmetic_val.jsonl")):
+        committed = [json.loads(line) for line in (ROOT / "recipes/data" / name).read_text().splitlines()]
+        assert committed == rows, f"recipes/data/{name} differs from what make_arithmetic.py writes"
+    numbers = lambda row: (tuple(int(t) for t in row["prompt"].replace("?", " ").replace(".", " ").split()  # noqa: E731
+                                 if t.isdigit()), row["answer"])
+    assert not {numbers(r) for r in val} & {numbers(r) for r in train}
+    assert len(val) == make.VAL_ROWS and all(int(r["answer"]) > 0 for r in train + val)

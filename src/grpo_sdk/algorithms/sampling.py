@@ -7,7 +7,13 @@ what "the logprob of a sampled token" means (``token_mult_prob_error`` near 1).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import attrs
 import torch
+
+if TYPE_CHECKING:
+    from grpo_sdk.core.records import SamplingParams
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -33,3 +39,15 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)`` at ``tokens`` without materialising the full log-softmax."""
     picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def validation_sampling(train: SamplingParams, generation: Any, *, seed: int) -> SamplingParams:
+    """The sampling of validation: ``policy.generation.val_temperature`` / ``val_top_p`` / ``val_top_k``
+    where set, else the training values. Temperature 0 is greedy, sampled as temperature 1 with top-k 1
+    (backends divide logits by the temperature)."""
+    temperature = train.temperature if generation.val_temperature is None else generation.val_temperature
+    top_p = train.top_p if generation.val_top_p is None else generation.val_top_p
+    top_k = train.top_k if generation.val_top_k is None else generation.val_top_k
+    if temperature == 0:
+        temperature, top_k = 1.0, 1
+    return attrs.evolve(train, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)

@@ -518,6 +518,13 @@ class GenerationConfig:
                                 validator=positive)
     top_p: float = option(1.0, "Nucleus sampling mass; 1.0 disables.", validator=[v.gt(0), v.le(1)])
     top_k: int | None = option(None, "Top-k sampling; null or 0 disables.")
+    val_temperature: float | None = option(None, "Validation's sampling temperature (NeMo-RL's key); null: "
+                                           "temperature. 0 samples greedily (top-k 1), the usual held-out "
+                                           "accuracy.", validator=v.optional(non_negative))
+    val_top_p: float | None = option(None, "Validation's nucleus mass; null: top_p.",
+                                     validator=v.optional([v.gt(0), v.le(1)]))
+    val_top_k: int | None = option(None, "Validation's top-k; null: top_k (0 disables).",
+                                   validator=v.optional(non_negative))
     stop_token_ids: list[int] = option(factory=list, help="Token ids that end a response besides the tokenizer's EOS.",
                                        validator=v.deep_iterable(non_negative))
     colocated: ColocatedConfig = option(factory=lambda: ColocatedConfig(), help="Whether generation shares the "

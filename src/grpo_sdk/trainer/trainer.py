@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss
 from grpo_sdk.algorithms.rewards import clip_advantages, mask_by_seq_logprob_error, seq_logprob_errors
+from grpo_sdk.algorithms.sampling import validation_sampling
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.config import MasterConfig, plugin_config
 from grpo_sdk.core.config_checks import parse_duration
@@ -442,7 +443,8 @@ class GRPOTrainer:
         """
         cfg, parts = self.config, self.components
         k, size = cfg.grpo.val_num_generations_per_prompt, cfg.grpo.val_batch_size
-        sampling = attrs.evolve(parts.sampling, seed=cfg.grpo.seed + VALIDATION_SEED_OFFSET + step)
+        sampling = validation_sampling(parts.sampling, cfg.policy.generation,
+                                       seed=cfg.grpo.seed + VALIDATION_SEED_OFFSET + step)
         batches, env_metrics = [], []
         for start in range(0, len(parts.val_prompts), size):
             batch, metrics = collect_rollouts(
