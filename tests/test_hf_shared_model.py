@@ -261,3 +261,33 @@ def test_a_run_with_every_switch_on_trains_on_one_module(registry, tiny_model_di
     summary = trainer.train()
     assert summary.steps == 2 and all(p.dtype == torch.float32 for p in parts.policy.params)
     assert any(not torch.equal(v, parts.policy.model.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_sampling_casts_the_linear_weights_once_and_samples_exactly_what_autocast_would(registry, tmp_path,
+                                                                                        tokenizer, share):
+    from grpo_sdk.recipes.tiny_model import build_tiny_llama
+
+    llama = build_tiny_llama(tmp_path / "llama", seed=0)  # nn.Linear layers throughout (GPT-2 has Conv1D)
+    policy, context = _policy(llama, tmp_path, registry, "policy.hf.autocast=bfloat16")
+    gen = HFGeneration(HFGenerationConfig(share_policy_model=share), context)
+    assert gen.shares_policy_model is share and gen.autocast_dtype == torch.bfloat16
+    casts = []
+    real = gen._forward
+
+    def counting(**kwargs):
+        before = gen._low_precision
+        out = real(**kwargs)
+        casts.append(gen._low_precision is not before)
+        return out
+
+    gen._forward = counting
+    inputs = prompt_batch(tokenizer, ["12>", "345>", "6789>", "0>"])
+    sampling = SamplingParams(max_new_tokens=8, seed=0, stop_token_ids=(999,))
+    cast_once = gen.generate(inputs, sampling)
+    assert casts[0] and not any(casts[1:]) and len(casts) > 2  # one cast for the prefill and every decode step
+    assert gen._low_precision is None  # not kept between calls
+    gen.autocast_dtype = None  # autocast's own cast at every step
+    per_step = gen.generate(inputs, sampling)
+    assert torch.equal(cast_once.response_ids, per_step.response_ids)
+    assert torch.equal(cast_once.logprobs, per_step.logprobs)
