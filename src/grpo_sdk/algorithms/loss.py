@@ -323,6 +323,27 @@ class ClippedPGLoss:
                 "policy_kl_error": means.tokens(calculate_kl(prev, gen, kind, None, None)),
                 "js_divergence_error": means.tokens(0.5 * k3(prev - mixture) + 0.5 * k3(gen - mixture))}
 
+    def zero_gradient_rows(self, batch: TrainBatch) -> torch.Tensor | None:
+        """``[B]`` True where a row adds exactly nothing to the loss or its gradient: all its valid
+        advantages are 0 (or it has no valid token), so its policy-gradient term is ``-0 * r``. None
+        when a term reads every row: the KL penalty, the NLL of correct rows (normalised by the
+        micro-batch's own count) or the in-loss filter (its survivor counts)."""
+        if self.beta or self.config.positive_example_nll_weight > 0 or self.threshold is not None:
+            return None
+        valid = (batch.token_mask[:, 1:] * batch.sample_mask[:, None]) > 0
+        return ~((batch.advantages[:, 1:] != 0) & valid).any(dim=1)
+
+    def metrics_of_trained_rows(self, metrics: dict[str, float], *, trained_toks: float, trained_seqs: float,
+                                global_valid_toks: float, global_valid_seqs: float) -> dict[str, float]:
+        """An optimizer step's summed metrics when only some rows ran (``zero_gradient_rows``): the loss
+        terms stay as they are (the rows left out add 0 to them), every other mean is rescaled from the
+        global counts to the rows trained on."""
+        factors = {"tokens": float(global_valid_toks) / trained_toks if trained_toks else 0.0,
+                   "sequences": float(global_valid_seqs) / trained_seqs if trained_seqs else 0.0, "none": 1.0}
+        exact = ("loss", "actor_loss", "kl_penalty")
+        return {k: v if k in exact else v * factors[self.metric_normalizations.get(k, "none")]
+                for k, v in metrics.items()}
+
     def survivor_normalization(self, micro_metrics: list[dict[str, float]], *, global_valid_seqs: float,
                                global_valid_toks: float) -> tuple[float, list[dict[str, float]]]:
         """After the last backward of an optimizer step with the in-loss filter: the factor to

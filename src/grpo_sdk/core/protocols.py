@@ -182,8 +182,9 @@ class LossFunction(Protocol):
     the min/max: ``grpo_sdk.core.metrics``).
 
     Optional, for policy backends to honour: ``unfiltered_logprobs=`` (logprobs without
-    top-k/top-p, for the KL term), and ``SurvivorNormalizedLoss`` (below: the in-loss
-    logprob-error filter's gradient rescale, after the last micro-batch of an optimizer step).
+    top-k/top-p, for the KL term), ``SurvivorNormalizedLoss`` (below: the in-loss logprob-error
+    filter's gradient rescale, after the last micro-batch of an optimizer step) and
+    ``ZeroGradientRows`` (below: rows a policy need not run).
     """
 
     def __call__(self, logprobs: Tensor, batch: TrainBatch, *, global_valid_seqs: Tensor,
@@ -428,6 +429,29 @@ class SurvivorNormalizedLoss(Protocol):
 
 
 @runtime_checkable
+class ZeroGradientRows(Protocol):
+    """A loss that can name the rows of a batch that contribute nothing to it: no loss, no gradient
+    (``ClippedPGLoss`` without a KL term, an NLL term or the in-loss filter: a row whose advantages
+    are all 0, a group whose samples all scored alike). A policy may leave them out of its forward and
+    backward passes while still dividing by the whole global batch's counts: the gradient is the same
+    up to float summation order. The loss's metrics then cover the rows trained on.
+
+    Example (what the built-in ``hf`` policy does with ``policy.hf.skip_zero_advantage_rows``)::
+
+        if isinstance(loss_fn, ZeroGradientRows):
+            idle = loss_fn.zero_gradient_rows(batch)      # [B] bool, or None: every row counts
+            ...                                           # forward/backward the other rows only
+            metrics = loss_fn.metrics_of_trained_rows(metrics, trained_toks=..., trained_seqs=...,
+                                                      global_valid_toks=..., global_valid_seqs=...)
+    """
+
+    def zero_gradient_rows(self, batch: TrainBatch) -> Tensor | None: ...
+
+    def metrics_of_trained_rows(self, metrics: dict[str, float], *, trained_toks: float, trained_seqs: float,
+                                global_valid_toks: float, global_valid_seqs: float) -> dict[str, float]: ...
+
+
+@runtime_checkable
 class PausesForRefit(Protocol):
     """A generation backend that can stop new starts for a weight update, without
     (``keep_in_flight=True``) or after (``False``) draining what is in flight. Async GRPO's
@@ -509,8 +533,8 @@ class SupportsShutdown(Protocol):
 
 
 OPTIONAL_PROTOCOLS: tuple[type, ...] = (Checkpointable, PromptSampler, ReportsMetrics, WeightFileWriter,
-                                        WeightFileLoader, SurvivorNormalizedLoss, SupportsShutdown,
-                                        PausesForRefit, AsyncGeneration, ReceivesBroadcast)
+                                        WeightFileLoader, SurvivorNormalizedLoss, ZeroGradientRows,
+                                        SupportsShutdown, PausesForRefit, AsyncGeneration, ReceivesBroadcast)
 """Every optional protocol above (the Ray workers report which of their methods a component has)."""
 
 

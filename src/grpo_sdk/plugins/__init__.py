@@ -66,6 +66,7 @@ from grpo_sdk.core.protocols import (
     WeightSync,
     Worker,
     WorkerGroup,
+    ZeroGradientRows,
 )
 from grpo_sdk.core.agents import AgentResult, AgentTask, EndpointConfig, RunsAgents
 from grpo_sdk.core.multi_turn import DeclaresTools, MultiTurnEnvironment
@@ -144,6 +145,7 @@ __all__ = [
     "WeightSync",
     "Worker",
     "WorkerGroup",
+    "ZeroGradientRows",
     "hookimpl",
     "hookspec",
     "option",

@@ -47,6 +47,13 @@ class HFPolicyConfig:
         "small lr still moves them; logprobs are computed in float32 from the logits. A generation sharing "
         "the policy's module (or its own copy) samples under the same autocast. float16 is not offered: it "
         "needs loss scaling.")
+    skip_zero_advantage_rows: bool = option(
+        False, "Leave rows whose advantages are all 0 (every sample of a group scored alike) out of the training "
+        "forward and backward passes, when the loss reads nothing else of them (no KL penalty, no NLL term, no "
+        "in-loss logprob-error filter). The loss still divides by the whole batch's counts, so the gradient is "
+        "the same up to float summation order; the loss's other metrics then cover the rows trained on "
+        "(skipped_zero_advantage_rows counts the rest). Saves the training compute of those rows, most of it "
+        "early in a run on a hard task. Not with data-parallel policy workers (ignored there).")
 
 
 def _policy_options(config: Any) -> Any:

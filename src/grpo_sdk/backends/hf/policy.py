@@ -36,7 +36,8 @@ from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.forward import sequence_logprobs
 from grpo_sdk.backends.hf.loading import autocast_context, enable_activation_checkpointing, load_model
 from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, select_rows, spans
-from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
+from grpo_sdk.plugins import (LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch,
+                              ZeroGradientRows)
 from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
 
 
@@ -85,6 +86,7 @@ class HFPolicy:
             enable_activation_checkpointing(self.model)
         # Every forward pass of the policy and the reference (not the loss, not the backward) runs in it.
         self.autocast = autocast_context(self.device, config.autocast)
+        self.skip_zero_advantage_rows = config.skip_zero_advantage_rows and not self.dp
         self.reference = self.lora = None
         self.lora_sync = cfg.policy.lora.sync  # what named_weights sends: merged weights, or the adapters only
         if cfg.policy.lora.enabled:
@@ -169,7 +171,8 @@ class HFPolicy:
                 global_batch = global_batch.rows(first, stop)
             self.optimizer.zero_grad(set_to_none=True)
             micro_metrics, failure = [], None
-            for picked in self._micro_batches(global_batch, micro_rows, "train_mb_tokens"):
+            trained = self._rows_to_train(global_batch, loss_fn)
+            for picked in self._micro_batches(global_batch, micro_rows, "train_mb_tokens", rows=trained):
                 if picked is None:  # zero gradients, so that this rank's FSDP collectives match the others'
                     self._idle_forward(self.model, global_batch).backward()
                     continue
@@ -187,6 +190,8 @@ class HFPolicy:
                 loss.backward()
                 micro_metrics.append(metrics)
             metrics = sum_micro_batches(micro_metrics)
+            if trained is not None:
+                metrics = self._metrics_of_trained_rows(metrics, loss_fn, global_batch, trained, valid_toks, valid_seqs)
             failed = failure is not None
             if self.dp:  # the whole global batch's metrics, identical on every rank
                 metrics, failed = distributed.all_reduce_metrics(metrics, failed, self.device)
@@ -208,18 +213,42 @@ class HFPolicy:
             step_metrics.append({**metrics, "grad_norm": grad_norm})
         return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
 
-    def _micro_batches(self, batch: TrainBatch, rows_each: int, budget_key: str) -> list[list[int] | None]:
-        """Row indices of each micro-batch: ``rows_each`` rows at a time, or by token budget (dynamic
-        batching, packing). Data-parallel ranks whose budgets give fewer micro-batches than another
-        rank's get ``None`` entries (an idle forward) up to the largest count."""
+    def _rows_to_train(self, batch: TrainBatch, loss_fn: LossFunction) -> list[int] | None:
+        """The rows the training passes run (``policy.hf.skip_zero_advantage_rows``); None: all of them."""
+        if not self.skip_zero_advantage_rows or not isinstance(loss_fn, ZeroGradientRows):
+            return None
+        idle = loss_fn.zero_gradient_rows(batch)
+        if idle is None or not bool(idle.any()):
+            return None
+        # One row still runs when none is needed: the optimizer then steps on an exact zero gradient
+        # (Adam's moments move the weights, as they would have), and the metrics have a value.
+        return (~idle).nonzero().flatten().tolist() or [0]
+
+    @staticmethod
+    def _metrics_of_trained_rows(metrics: dict[str, float], loss_fn: Any, batch: TrainBatch, trained: list[int],
+                                 valid_toks: torch.Tensor, valid_seqs: torch.Tensor) -> dict[str, float]:
+        rows = select_rows(batch, trained)
+        mask = rows.token_mask[:, 1:] * rows.sample_mask[:, None]
+        metrics = loss_fn.metrics_of_trained_rows(metrics, trained_toks=float(mask.sum()),
+                                                  trained_seqs=float(rows.sample_mask.sum()),
+                                                  global_valid_toks=float(valid_toks),
+                                                  global_valid_seqs=float(valid_seqs))
+        return {**metrics, "skipped_zero_advantage_rows": float(batch.batch_size - len(trained))}
+
+    def _micro_batches(self, batch: TrainBatch, rows_each: int, budget_key: str,
+                       rows: list[int] | None = None) -> list[list[int] | None]:
+        """Row indices of each micro-batch (of ``rows``, default all): ``rows_each`` rows at a time, or by
+        token budget (dynamic batching, packing). Data-parallel ranks whose budgets give fewer
+        micro-batches than another rank's get ``None`` entries (an idle forward) up to the largest count."""
+        rows = list(range(batch.batch_size)) if rows is None else rows
         if self.batching is None:
-            micro = [list(range(i, min(i + rows_each, batch.batch_size)))
-                     for i in range(0, batch.batch_size, rows_each)]
+            micro = [rows[i:i + rows_each] for i in range(0, len(rows), rows_each)]
         else:
             key = f"policy.{self.batching['name']}.{budget_key}"
             _, lengths = spans(batch.attention_mask, key)
-            micro = plan(lengths, self.batching[budget_key], self.batching["round"], pack=self.batching["pack"],
-                         key=key)
+            planned = plan([lengths[r] for r in rows], self.batching[budget_key], self.batching["round"],
+                           pack=self.batching["pack"], key=key)
+            micro = [[rows[i] for i in group] for group in planned]
         if self.dp and self.batching is not None:  # fixed row counts are equal on every rank already
             micro += [None] * (distributed.max_over_ranks(len(micro), self.device) - len(micro))
         return micro
