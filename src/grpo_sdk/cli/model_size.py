@@ -42,8 +42,9 @@ def model_size(name: str) -> ModelSize:
         facts = BUILTIN_MODELS.get(name.removeprefix("builtin:"))
         if facts is None:
             return ModelSize(params=None, how=f"{name} is not a built-in model")
-        return ModelSize(params=architecture_parameters(facts.config_json()), how=f"the shape {name} is built with",
-                         vocab_size=facts.vocab_size)
+        how = f"the shape {name} is built with" if facts.packaged is None else \
+            f"the config of {facts.packaged.filename}, which {name} names"
+        return ModelSize(params=architecture_parameters(facts.config_json()), how=how, vocab_size=facts.vocab_size)
     path = Path(name).expanduser()
     if is_gguf(name) and path.is_file():
         return _gguf_size(name)
