@@ -264,6 +264,20 @@ def test_a_missing_gguf_package_exits_3_from_grpoctl(tmp_path, tiny_gguf, args):
     assert entries(tmp_path / "cache" / "models") == []
 
 
+def test_the_reward_model_environment_checks_a_gguf_file_too(tmp_path, tiny_gguf):
+    code = "import sys; sys.modules['gguf'] = None; from grpo_sdk.cli.entry import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run([sys.executable, "-c", code, "config", "validate", "env.name=reward_model",
+                             f"env.reward_model.model_name={tiny_gguf}"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env=grpoctl_env())
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert f"env.reward_model.model_name: loading the GGUF file {tiny_gguf} needs gguf" in result.stderr
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not gguf")
+    result = run_grpoctl("config", "validate", "env.name=reward_model", f"env.reward_model.model_name={bad}",
+                         cwd=tmp_path, timeout=120)
+    assert result.returncode == 2 and f"env.reward_model.model_name: {bad} is not a GGUF file" in result.stderr
+
+
 # --- the run plan, a run, export and serve -------------------------------------------------------
 
 
@@ -325,6 +339,18 @@ def test_a_run_from_a_gguf_file_exports_a_model_plain_transformers_loads(tmp_pat
     assert sum(p.numel() for p in model.parameters()) == TINY_PARAMS
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert tokenizer.chat_template is not None and tokenizer.eos_token_id == EOS
+
+
+def test_an_opd_teacher_can_be_a_gguf_file(tmp_path, tiny_gguf):
+    teacher = write_tiny_llama(tmp_path / "teacher.gguf", quant="F32", seed=3)
+    result = run_grpoctl("run", f"policy.model_name={tiny_gguf}", "grpo.adv_estimator.name=opd",
+                         f"on_policy_distillation.teacher_model={teacher}", "grpo.max_num_steps=1",
+                         "grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2", "grpo.val_period=0",
+                         "grpo.val_at_end=false", "checkpointing.enabled=false", "--run-dir", "run", cwd=tmp_path,
+                         GRPO_SDK_CACHE_DIR=str(tmp_path / "cache"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "converting teacher.gguf" in result.stderr and "in 1 steps" in result.stdout
+    assert len(entries(tmp_path / "cache" / "models")) == 2
 
 
 def test_grpoctl_serve_serves_a_gguf_file(tmp_path, tiny_gguf):
