@@ -105,6 +105,15 @@ def test_later_loads_reuse_the_cache_in_the_configured_precision(tiny_gguf, cach
     assert resolve_model_source(str(copy)) == str(directory)
 
 
+def test_a_converted_file_loads_without_the_gguf_package(tiny_gguf, cache, monkeypatch):
+    from grpo_sdk.core.models import check_model_source, resolve_model_source
+
+    directory = resolve_model_source(str(tiny_gguf))
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    check_model_source(str(tiny_gguf))  # the cache has it: nothing to convert, nothing to install
+    assert resolve_model_source(str(tiny_gguf)) == directory
+
+
 def test_the_cache_is_keyed_by_content(tmp_path, cache):
     from grpo_sdk.core.models import resolve_model_source
 

@@ -25,7 +25,7 @@ import attrs
 
 from grpo_sdk.core.builtin_models import packaged_file
 from grpo_sdk.core.errors import ConfigError, DataError, GrpoSdkError, ModelLoadError
-from grpo_sdk.core.gguf_cache import cached_model_dir, is_gguf, require_packages
+from grpo_sdk.core.gguf_cache import cached_model_dir, is_gguf
 from grpo_sdk.core.hub import in_cache, is_hub_id, offline_hint, probe
 from grpo_sdk.core.models import check_model_source
 from grpo_sdk.core.protocols import SupportsShutdown
@@ -59,7 +59,7 @@ def model_problems(cfg: Any) -> list[tuple[str, str]]:
     for key, name in model_sources(cfg):
         packaged = packaged_file(name, key)  # a packaged built-in that is not installed: PluginError, exit 3
         if packaged is not None:
-            require_packages(key, name)
+            check_model_source(str(packaged), key=key)  # gguf and accelerate, unless converted before
             continue
         if name.startswith("builtin:"):
             continue  # core.config_checks.check_model names an unknown built-in

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from grpo_sdk.core.builtin_models import packaged_file
 from grpo_sdk.core.errors import ModelLoadError
-from grpo_sdk.core.gguf_cache import check_gguf_file, gguf_model_dir, is_gguf, require_packages
+from grpo_sdk.core.gguf_cache import cached_model_dir, check_gguf_file, gguf_model_dir, is_gguf, require_packages
 from grpo_sdk.core.hub import offline_hint, offline_mode, probe
 
 
@@ -40,11 +40,13 @@ def resolve_model_source(name: str, key: str = "policy.model_name") -> str:
 
 def check_model_source(name: str, key: str = "policy.model_name") -> None:
     """A local path that does not exist is an error here, before transformers guesses it is a hub id.
-    A GGUF file must start like one, and what converts it must be installed (nothing is converted here)."""
+    A GGUF file must start like one, and what converts it must be installed unless it was converted
+    before (nothing is converted here)."""
     path = Path(name).expanduser()
     if is_gguf(name):
         check_gguf_file(name, key)
-        require_packages(key, name)
+        if cached_model_dir(name) is None:
+            require_packages(key, name)
         return
     if path.exists():
         if not path.is_dir():
