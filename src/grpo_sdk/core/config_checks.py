@@ -23,6 +23,7 @@ from grpo_sdk.core.async_checks import async_warnings, check_async
 from grpo_sdk.core.episode_checks import check_episodes, episode_warnings
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 from grpo_sdk.core.errors import PluginError
+from grpo_sdk.core.gguf_cache import cached_model_dir, is_gguf
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.reward_checks import check_reward_penalties
@@ -73,13 +74,19 @@ NO_RESCALE = ("su", "longrope", "llama3", "default")
 
 
 def model_facts(model_name: str) -> tuple[str, dict[str, Any]] | None:
-    """``(where, config)`` of a model whose config is known without torch: the built-in tiny model or a
-    local directory with a readable config.json; None for a hub name (its config is not here yet)."""
+    """``(where, config)`` of a model whose config is known without torch: a built-in model, a local
+    directory with a readable config.json or a GGUF file converted before; None for a hub name (its
+    config is not here yet)."""
     if model_name.startswith("builtin:"):
         model = BUILTIN_MODELS.get(model_name.split(":", 1)[1])
         if model is None:
             return None
         return f"built-in model {model_name}", model.config_json()
+    if is_gguf(model_name):  # converted before: its directory's config; else unknown until it converts
+        directory = cached_model_dir(model_name)
+        if directory is None:
+            return None
+        model_name = str(directory)
     path = Path(model_name).expanduser() / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

@@ -58,6 +58,13 @@ class ModelLoadError(GrpoSdkError):
     """A model or tokenizer could not be loaded (missing directory, unreachable hub)."""
 
 
+class ModelFileError(ModelLoadError):
+    """A model file the config names cannot be used: not a GGUF file, truncated or corrupt, or an
+    architecture or quantisation type transformers cannot read. Exit code 2: the config names a bad file."""
+
+    exit_code = ExitCode.USAGE
+
+
 class EnvironmentStepError(GrpoSdkError):
     """An environment raised or returned a non-finite reward for a named sample."""
 

@@ -2,6 +2,11 @@
 
 Tokenizers are Hugging Face tokenizers whatever the backend (vLLM, SGLang and Megatron recipes
 all load them with transformers), so the training loop loads the tokenizer itself.
+
+A model source is a hub id, a local model directory, a ``.gguf`` file or ``builtin:NAME``
+(docs/models.md). ``resolve_model_source`` turns a GGUF file, and a built-in that is a packaged
+GGUF file, into its cached model directory (``core.gguf_cache``); ``load_pretrained`` does so
+first, so every loader that goes through it accepts them.
 """
 
 from __future__ import annotations
@@ -9,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from grpo_sdk.core.builtin_models import packaged_file
 from grpo_sdk.core.errors import ModelLoadError
+from grpo_sdk.core.gguf_cache import cached_model_dir, check_gguf_file, gguf_model_dir, is_gguf, require_packages
 from grpo_sdk.core.hub import offline_hint, offline_mode, probe
 
 
@@ -19,12 +26,32 @@ def looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
+def resolve_model_source(name: str, key: str = "policy.model_name") -> str:
+    """A GGUF file (or ``builtin:NAME`` of a packaged one) -> its cached model directory, converted on
+    first use; any other name unchanged (``builtin:`` names that are built need a run directory:
+    ``trainer.run_dir.initial_model_path``)."""
+    packaged = packaged_file(name, key)
+    if packaged is not None:
+        return gguf_model_dir(str(packaged), key)
+    if is_gguf(name):
+        return gguf_model_dir(name, key)
+    return name
+
+
 def check_model_source(name: str, key: str = "policy.model_name") -> None:
-    """A local path that does not exist is an error here, before transformers guesses it is a hub id."""
+    """A local path that does not exist is an error here, before transformers guesses it is a hub id.
+    A GGUF file must start like one, and what converts it must be installed unless it was converted
+    before (nothing is converted here)."""
     path = Path(name).expanduser()
+    if is_gguf(name):
+        check_gguf_file(name, key)
+        if cached_model_dir(name) is None:
+            require_packages(key, name)
+        return
     if path.exists():
         if not path.is_dir():
-            raise ModelLoadError(f"{key}: {name} is a file; expected a model directory with config.json")
+            raise ModelLoadError(f"{key}: {name} is a file; expected a model directory with config.json, "
+                                 "or a .gguf file")
         if not (path / "config.json").is_file() and not (path / "tokenizer_config.json").is_file():
             raise ModelLoadError(f"{key}: {name} holds no config.json; is it a Hugging Face model directory?")
         return
@@ -35,7 +62,9 @@ def check_model_source(name: str, key: str = "policy.model_name") -> None:
 def load_pretrained(loader: Callable[..., Any], name: str, key: str, **kwargs: Any) -> Any:
     """``loader(name, **kwargs)`` (a ``from_pretrained``), failing within seconds when ``name`` is a hub
     id and the hub is out of reach: the cache is used then (``grpo_sdk.core.hub``), and a miss is a
-    ModelLoadError naming ``key`` and what to do, never minutes of retries."""
+    ModelLoadError naming ``key`` and what to do, never minutes of retries. A GGUF file loads from its
+    cached model directory (converted first when it is not cached)."""
+    name = resolve_model_source(name, key)
     check_model_source(name, key=key)
     unreachable = None if Path(name).expanduser().is_dir() else probe()
     try:

@@ -232,7 +232,7 @@ def check_reward_model(config: Any, options: RewardModelConfig | None, registry:
     import json
     from pathlib import Path
 
-    from grpo_sdk.plugins import GrpoSdkError
+    from grpo_sdk.plugins import GrpoSdkError, PluginError
     from grpo_sdk.plugins.toolkit import check_model_source
 
     if options is None or not options.model_name:
@@ -242,6 +242,8 @@ def check_reward_model(config: Any, options: RewardModelConfig | None, registry:
         try:
             if name:
                 check_model_source(name, key=key)
+        except PluginError:  # a package to install (a GGUF file's gguf): exit 3 with the install line
+            raise
         except GrpoSdkError as exc:
             problems.append((key, str(exc).removeprefix(f"{key}: ")))
     path = Path(options.model_name).expanduser() / "config.json"

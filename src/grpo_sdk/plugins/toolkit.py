@@ -11,8 +11,10 @@ neither torch nor transformers nor ray; the functions that need them import them
   ``LossConfig`` (the ``loss_fn`` section, ``context.config.loss_fn``), ``MasterConfig`` (the
   type of ``RunContext.config``) and ``dump_config`` (a config as plain YAML-ready data).
 * Models: ``check_model_source`` (a missing local path is an error naming the key, before
-  transformers guesses a hub id), ``load_pretrained`` (a ``from_pretrained`` call that fails
-  within seconds, with a hint, when a hub id meets an unreachable hub and an empty cache),
+  transformers guesses a hub id; a ``.gguf`` file must start like one), ``load_pretrained`` (a
+  ``from_pretrained`` call that fails within seconds, with a hint, when a hub id meets an
+  unreachable hub and an empty cache; a ``.gguf`` file or ``builtin:smollm2-135m-instruct`` loads
+  from its cached model directory, converted on first use: docs/models.md),
   ``model_facts`` (a local model's config.json, read without torch, for config checks) and
   ``load_tokenizer`` (a Hugging Face tokenizer, pad token defaulting to EOS; imports transformers
   when called). A component that only needs the EOS and

@@ -145,19 +145,25 @@ def fsync_tree(path: Path) -> None:
         fsync_dir(Path(root))
 
 
-def initial_model_path(model_name: str, run_dir: str | Path, seed: int) -> str:
-    """``builtin:NAME`` -> the model built into ``<run_dir>/initial_model``; anything else unchanged.
+def initial_model_path(model_name: str, run_dir: str | Path, seed: int, key: str = "policy.model_name") -> str:
+    """``builtin:NAME`` -> the model built into ``<run_dir>/initial_model``; a GGUF file, or a built-in
+    that is a packaged one, -> its cached model directory (``core.gguf_cache``); anything else unchanged.
 
     Built aside and then renamed, so a kill mid-write never leaves half a model behind."""
+    from grpo_sdk.core.models import resolve_model_source
+
     if not model_name.startswith("builtin:"):
-        return model_name
+        return resolve_model_source(model_name, key)
     from grpo_sdk.core.builtin_models import BUILTIN_MODELS
-    from grpo_sdk.recipes.tiny_model import BUILDERS
 
     name = model_name.split(":", 1)[1]
     if name not in BUILTIN_MODELS:
-        raise ConfigError([("policy.model_name", f"unknown built-in model {name!r}; "
-                                                 f"built-ins: {', '.join(sorted(BUILTIN_MODELS))}")])
+        raise ConfigError([(key, f"unknown built-in model {name!r}; "
+                                 f"built-ins: {', '.join(sorted(BUILTIN_MODELS))}")])
+    if BUILTIN_MODELS[name].packaged is not None:
+        return resolve_model_source(model_name, key)
+    from grpo_sdk.recipes.tiny_model import BUILDERS
+
     out = Path(run_dir) / "initial_model"
     if not out.is_dir():
         staging = Path(run_dir) / ".initial_model.partial"

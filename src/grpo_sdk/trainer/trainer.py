@@ -48,7 +48,7 @@ from grpo_sdk.core.config_loader import to_yaml
 from grpo_sdk.core.context import RunContext
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.machine import pick_device
-from grpo_sdk.core.models import load_tokenizer
+from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
@@ -157,11 +157,13 @@ class GRPOTrainer:
             check_storage(self.run_dir, self.checkpoints.directory, checkpoint_bytes(model_path, cfg))
         # The tokenizer first: every component gets its EOS and pad ids in the context.
         tokenizer_key = "policy.tokenizer.name" if cfg.policy.tokenizer.name else "policy.model_name"
-        tokenizer = load_tokenizer(cfg.policy.tokenizer.name or model_path, key=tokenizer_key)
+        tokenizer_path = resolve_model_source(cfg.policy.tokenizer.name, tokenizer_key) \
+            if cfg.policy.tokenizer.name else model_path  # a GGUF file's tokenizer: its cached directory's
+        tokenizer = load_tokenizer(tokenizer_path, key=tokenizer_key)
         context = RunContext(
             resume_step=(int(latest.name.split("_")[1]) if latest else 0) if self.resume else None,
             config=cfg, run_dir=self.run_dir, model_path=model_path,  # made absolute by RunContext
-            tokenizer_path=cfg.policy.tokenizer.name or model_path,
+            tokenizer_path=tokenizer_path,
             # On Ray each worker picks its own device; the driver may have none.
             device=pick_device(cfg.cluster.device) if cfg.cluster.runtime == "local" else cfg.cluster.device,
             seed=cfg.grpo.seed, needs_reference=cfg.loss_fn.reference_policy_kl_penalty > 0,
@@ -236,7 +238,8 @@ class GRPOTrainer:
         opd = self.config.on_policy_distillation
         precision = opd.teacher_precision or self.config.policy.precision
         config = attrs.evolve(self.config, policy=attrs.evolve(self.config.policy, precision=precision))
-        context = attrs.evolve(context, config=config, model_path=opd.teacher_model, needs_reference=False)
+        teacher = resolve_model_source(opd.teacher_model, "on_policy_distillation.teacher_model")  # a GGUF file: its directory
+        context = attrs.evolve(context, config=config, model_path=teacher, needs_reference=False)
         return runtime.build("policy", opd.teacher_backend, None, context)
 
     def _open(self, component: Any) -> Any:
