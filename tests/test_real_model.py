@@ -43,11 +43,21 @@ def test_grpo_steps_on_the_real_model_have_finite_losses_and_agreeing_logprobs(r
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
-        # The sampler and the training forward both run under bf16 autocast on the same module.
-        assert 1.0 <= r["token_mult_prob_error"] < 1.05, r["token_mult_prob_error"]
+        # The sampler (one token at a time on a KV cache) and the training forward (whole sequences)
+        # both run under bf16 autocast on the same module: bf16 rounding differs between the two
+        # shapes, and the recipe's temperature 0.5 doubles the logit differences (measured 1.02-1.07).
+        assert 1.0 <= r["token_mult_prob_error"] < 1.15, r["token_mult_prob_error"]
         assert r["generated_tokens"] > 0
     resolved = (reference_run / "config.resolved.yaml").read_text()
     assert "builtin:smollm2-135m-instruct" in resolved
+
+
+def test_in_float32_the_sampler_and_the_trainer_agree_closely(tmp_path):
+    proc = run_grpoctl("run", "--run-dir", "run", "grpo.max_num_steps=2", "policy.hf.autocast=null", *SMALL,
+                       cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for r in metrics_of(tmp_path / "run"):
+        assert 1.0 <= r["token_mult_prob_error"] < 1.005, r["token_mult_prob_error"]
 
 
 def test_resume_after_sigkill_on_the_real_model_is_exact(reference_run, tmp_path):
