@@ -81,6 +81,7 @@ PUBLIC_NAMES = [
     "WeightSync",
     "Worker",
     "WorkerGroup",
+    "ZeroGradientRows",
     "hookimpl",
     "hookspec",
     "option",
@@ -133,6 +134,11 @@ PROTOCOLS = {
     "WeightFileLoader": {"load_weights": "(self, path, *, version)"},
     "WeightFileWriter": {"save_weights": "(self, path)"},
     "WeightSync": {"sync_weights": "(self, policy, generation, *, version)"},
+    "ZeroGradientRows": {
+        "metrics_of_trained_rows": "(self, metrics, *, trained_toks, trained_seqs, global_valid_toks, "
+                                   "global_valid_seqs)",
+        "zero_gradient_rows": "(self, batch)",
+    },
     # The worker-group API weight-sync transports use (Ray runtime).
     "Worker": {"store_address": "(self)"},
     "WorkerGroup": {
