@@ -53,8 +53,10 @@ def overrides_of(name: str, model: str, data: str) -> list[str]:
     return [f"policy.model_name={model}", f"data.train_path={data}", *REAL, *VARIANTS[name]]
 
 
-def measure_run(overrides: list[str]) -> dict:
+def measure_run(overrides: list[str], mmap_threshold: int | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CI": "1"}
+    if mmap_threshold is not None:  # glibc: a fixed threshold, so freed large blocks go back to the system
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-m", "grpo_sdk.cli.entry", "run", "--run-dir", f"{tmp}/run",
@@ -116,13 +118,15 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="a JSONL of {prompt, answer} rows")
     parser.add_argument("--out", default="memory_plan.json")
     parser.add_argument("--only", nargs="*", help="run names (builtin, baseline, real-64-fp32, ...)")
+    parser.add_argument("--mmap-threshold", type=int, default=None,
+                        help="run with glibc's MALLOC_MMAP_THRESHOLD_ fixed at this many bytes (e.g. 131072)")
     args = parser.parse_args()
     names = args.only or ["baseline", "builtin", *VARIANTS]
     results = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if args.mode == "measure":
         for name in names:
             results[name] = measure_baseline() if name == "baseline" else measure_run(
-                overrides_of(name, args.model, args.data))
+                overrides_of(name, args.model, args.data), args.mmap_threshold)
             results[name]["load"] = os.getloadavg()
             Path(args.out).write_text(json.dumps(results, indent=1))
             print(name, results[name], flush=True)

@@ -40,7 +40,7 @@ from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_MOMENT_BYTES = 2 * 4  # exp_avg and exp_avg_sq, counted in fp32
-PROCESS_BYTES = 386 * 2**20  # measured 2026-12-06: 258 MB once imported, 386 MB after a tiny model's steps
+PROCESS_BYTES = 367 * 2**20  # measured 2026-12-06: 246 MiB once imported, 367 MiB after a tiny model's steps
 # Bytes autograd saves per token per decoder layer, as (x hidden size, x intermediate size), float32
 # and under bf16 autocast (where the norms and the residual stream stay float32). Fitted to the
 # slope of the saved bytes between 64 and 192 tokens on four Llama shapes (hidden 96-576; within 4%
@@ -221,8 +221,9 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
             lines.append(f"policy states per rank: about {human_bytes(states / cfg.cluster.policy_workers)} "
                          f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
     lines.extend(lines_after)
-    lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading; "
-                 "measured against real runs in docs/benchmarks.md#memory-plan")
+    lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading, and "
+                 "freed memory the C allocator keeps (glibc: up to 1.6x this on LoRA runs; "
+                 "MALLOC_MMAP_THRESHOLD_=131072 returns it); measured runs: docs/benchmarks.md#memory-plan")
     return parts, lines
 
 
