@@ -159,14 +159,50 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
     policy, params = cfg.policy, model.params
     if params is None:
         return {}, ["not estimated: the parameter count is unknown (see model)"]
-    width = DTYPE_BYTES[policy.precision]
     shape = model_shape(policy.model_name)
     hf = _hf_options(cfg, "hf")
     autocast = bool(hf is not None and hf.autocast and policy.backend == "hf")
-    lora = policy.lora.enabled
+    parts, notes = _states(cfg, params, shape, teacher, teacher_width)
+    lines_after: list[str] = []
+    if shape is None:
+        lines_after.append(f"not counted: activations, logits and the KV cache (no shape known for "
+                           f"{policy.model_name}'s architecture)")
+    else:
+        steps = _phases(cfg, shape, lengths(cfg, longest_prompt), autocast=autocast, lora=policy.lora.enabled,
+                        params=params)
+        for key, (value, note) in steps.items():
+            parts[key], notes[key] = value, note
+    training = sum(parts.get(k, 0) for k in ("activations", "logits"))
+    sampling = parts.get("kv_cache", 0)
+    lasting = sum(v for k, v in parts.items() if k not in ("activations", "logits", "kv_cache"))
+    parts["total"] = lasting + max(training, sampling)
+    notes["total"] = ("the above, with the training phase (activations + logits) or the sampling phase "
+                      "(KV cache), whichever is larger")
+    lines = [f"{LABELS[key]:<18} {human_bytes(value):>10}" + (f"  {notes[key]}" if key in notes else "")
+             for key, value in parts.items()]
+    if cfg.cluster.runtime == "ray":
+        lines.append("on Ray the parts live in several processes (policy, generation, environment workers), "
+                     "each with its own process overhead")
+        if cfg.cluster.policy_workers > 1:
+            states = parts["weights"] + parts["gradients"] + parts["adamw_moments"] + parts.get("reference_model", 0)
+            lines.append(f"policy states per rank: about {human_bytes(states / cfg.cluster.policy_workers)} "
+                         f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
+    lines.extend(lines_after)
+    lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading, and "
+                 "freed memory the C allocator keeps (glibc: up to 1.6x this on LoRA runs; "
+                 "MALLOC_MMAP_THRESHOLD_=131072 returns it); measured runs: docs/benchmarks.md#memory-plan")
+    return parts, lines
+
+
+def _states(cfg: Any, params: int, shape: ModelShape | None, teacher: ModelSize | None,
+            teacher_width: int) -> tuple[dict[str, int], dict[str, str]]:
+    """What lives through the run: the process, the model's and the optimizer's states, other copies."""
+    policy = cfg.policy
+    width = DTYPE_BYTES[policy.precision]
     parts: dict[str, int] = {"process": PROCESS_BYTES, "weights": params * width}
     notes = {"process": "Python, torch and transformers, after their first steps (measured)",
              "weights": f"{params:,} x {width} B"}
+    lora = policy.lora.enabled
     if lora:  # the base is frozen: the optimizer holds the adapters only
         adapters = shape.lora_parameters(policy.lora.rank) if shape is not None else 0
         parts["gradients"] = parts["adamw_moments"] = 0
@@ -197,34 +233,7 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
         parts["generation_weights"] = params * width
         notes["generation_weights"] = "the generation engine's own copy" + (
             "" if policy.generation.colocated.enabled else ", on its own devices (colocated.enabled=false)")
-    lines_after: list[str] = []
-    if shape is None:
-        lines_after.append(f"not counted: activations, logits and the KV cache (no shape known for "
-                           f"{policy.model_name}'s architecture)")
-    else:
-        steps = _phases(cfg, shape, lengths(cfg, longest_prompt), autocast=autocast, lora=lora, params=params)
-        for key, (value, note) in steps.items():
-            parts[key], notes[key] = value, note
-    training = sum(parts.get(k, 0) for k in ("activations", "logits"))
-    sampling = parts.get("kv_cache", 0)
-    lasting = sum(v for k, v in parts.items() if k not in ("activations", "logits", "kv_cache"))
-    parts["total"] = lasting + max(training, sampling)
-    notes["total"] = ("the above, with the training phase (activations + logits) or the sampling phase "
-                      "(KV cache), whichever is larger")
-    lines = [f"{LABELS[key]:<18} {human_bytes(value):>10}" + (f"  {notes[key]}" if key in notes else "")
-             for key, value in parts.items()]
-    if cfg.cluster.runtime == "ray":
-        lines.append("on Ray the parts live in several processes (policy, generation, environment workers), "
-                     "each with its own process overhead")
-        if cfg.cluster.policy_workers > 1:
-            states = parts["weights"] + parts["gradients"] + parts["adamw_moments"] + parts.get("reference_model", 0)
-            lines.append(f"policy states per rank: about {human_bytes(states / cfg.cluster.policy_workers)} "
-                         f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
-    lines.extend(lines_after)
-    lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading, and "
-                 "freed memory the C allocator keeps (glibc: up to 1.6x this on LoRA runs; "
-                 "MALLOC_MMAP_THRESHOLD_=131072 returns it); measured runs: docs/benchmarks.md#memory-plan")
-    return parts, lines
+    return parts, notes
 
 
 def _phases(cfg: Any, shape: ModelShape, length: Lengths, *, autocast: bool, lora: bool,
