@@ -131,3 +131,23 @@ def test_quickstart_shows_the_readme_commands():
 def test_generated_pages_are_not_committed():
     """The hook generates them at build time; a copy in docs/ would only go stale."""
     assert not (DOCS / "reference").exists()
+
+
+# A command a page shows, and the extra it needs: the page must say to install it.
+EXTRA_COMMANDS = [
+    (re.compile(r"grpoctl report"), "report"),
+    (re.compile(r"env\.name[=:] ?math\b|^\s*name: math\b", re.MULTILINE), "math"),
+    (re.compile(r"cluster\.runtime[=:] ?ray\b"), "ray"),
+    (re.compile(r"policy\.lora\.enabled[=:] ?true"), "lora"),
+]
+CODE = re.compile(r"```\w*\n(.*?)```", re.DOTALL)
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")) + [ROOT / "README.md"], ids=lambda p: p.name)
+def test_a_page_that_shows_a_command_needing_an_extra_says_to_install_it(page):
+    text = page.read_text()
+    code = "\n".join(CODE.findall(text))
+    for pattern, extra in EXTRA_COMMANDS:
+        if pattern.search(code):
+            assert re.search(rf"\[[\w,]*\b{extra}\b[\w,]*\]|extra:? `?{extra}`?", text), \
+                f"{page.name} shows a command that needs the {extra!r} extra without saying to install it"

@@ -285,7 +285,7 @@ def test_the_run_plan_counts_no_reference_copy_and_no_full_gradients_with_lora()
     params = plan.model.params
     assert full.memory_bytes["reference_model"] == 4 * params and "reference_model" not in plan.memory_bytes
     assert plan.memory_bytes["gradients"] == plan.memory_bytes["adamw_moments"] == 0
-    assert plan.memory_bytes["total"] == 8 * params  # policy weights + generation's copy
+    assert 0 < plan.memory_bytes["lora_adapters"] < full.memory_bytes["gradients"]  # the adapters' states only
     text = plan.render()
     assert "the base with the adapters off, no copy" in text and "LoRA adapters (policy.lora)" in text
 

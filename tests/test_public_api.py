@@ -70,6 +70,7 @@ PUBLIC_NAMES = [
     "RunContext",
     "RunStatus",
     "RunsAgents",
+    "RunsOnMainThread",
     "SUPPORTED_PLUGIN_APIS",
     "SamplingParams",
     "SupportsShutdown",
@@ -127,6 +128,7 @@ PROTOCOLS = {
                                             "group_name, backend)",
                           "receive_broadcast": "(self, tensors, *, group_name, version, last)"},
     "ReportsMetrics": {},
+    "RunsOnMainThread": {"runs_on_main_thread": "(self)"},
     "SupportsShutdown": {"shutdown": "(self)"},
     "SurvivorNormalizedLoss": {
         "survivor_normalization": "(self, micro_metrics, *, global_valid_seqs, global_valid_toks)",

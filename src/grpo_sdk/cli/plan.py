@@ -10,8 +10,10 @@ of its rows (a local file or a ``save_to_disk`` directory), the parameter count 
     plan = make_plan(cfg, registry)          # the same, as numbers
     plan.rows_per_step, plan.steps, plan.memory_bytes["total"]
 
-The memory figures are an estimate of the model and optimizer states only; the text says so and
-names what it leaves out (activations, generation's KV cache).
+The memory figures estimate the run's peak resident memory, part by part (``cli/memory_plan.py``:
+the process, model and optimizer states, and the larger of a training micro-batch's activations
+and logits and the sampler's KV cache); ``longest_prompt`` (what ``--dry-run`` found tokenizing the
+data) sharpens the lengths, else the config's bounds are used.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ from typing import Any
 
 import attrs
 
+from grpo_sdk.cli.memory_plan import ADAM_MOMENT_BYTES, DTYPE_BYTES, estimate, human_bytes
 from grpo_sdk.cli.model_size import ModelSize, model_size
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.kinds import COMPONENT_KINDS
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ADAM_MOMENT_BYTES = 2 * 4  # exp_avg and exp_avg_sq, counted in fp32
 MAX_SIMULATED_DRAWS = 2_000_000  # a mixture's epochs are simulated draw by draw; ~1 s of Python
 
 
@@ -57,12 +58,12 @@ class RunPlan:
         return "\n".join(out) + "\n"
 
 
-def run_plan(cfg: Any, registry: Any) -> str:
+def run_plan(cfg: Any, registry: Any, *, longest_prompt: int | None = None) -> str:
     """The run plan of a loaded config, as text (what `grpoctl run --dry-run` prints)."""
-    return make_plan(cfg, registry).render()
+    return make_plan(cfg, registry, longest_prompt=longest_prompt).render()
 
 
-def make_plan(cfg: Any, registry: Any) -> RunPlan:
+def make_plan(cfg: Any, registry: Any, *, longest_prompt: int | None = None) -> RunPlan:
     grpo, policy = cfg.grpo, cfg.policy
     rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     global_batch = policy.train_global_batch_size or rows
@@ -71,7 +72,7 @@ def make_plan(cfg: Any, registry: Any) -> RunPlan:
     epoch_steps, data_line = _epochs(cfg, registry)
     steps = min(grpo.max_num_steps, epoch_steps) if epoch_steps is not None else grpo.max_num_steps
     model = model_size(policy.model_name)
-    memory, memory_lines = _memory(cfg, registry, model)
+    memory, memory_lines = _memory(cfg, registry, model, longest_prompt)
     sections = (
         ("components", tuple(_components(cfg, registry))),
         ("model", (f"{policy.model_name}: " + (f"{model.params:,} parameters ({model.how})" if model.params is not None
@@ -333,62 +334,10 @@ def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
 # --- memory ------------------------------------------------------------------------------------------
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def _memory(cfg: Any, registry: Any, model: ModelSize) -> tuple[dict[str, int], list[str]]:
-    policy, params = cfg.policy, model.params
-    if params is None:
-        return {}, ["not estimated: the parameter count is unknown (see model)"]
-    width = DTYPE_BYTES[policy.precision]
-    parts = {"weights": params * width, "gradients": params * width, "adamw_moments": params * ADAM_MOMENT_BYTES}
-    notes = {"weights": f"{params:,} x {width} B", "gradients": f"{params:,} x {width} B",
-             "adamw_moments": f"2 x {params:,} x 4 B (fp32"
-                              + ("; a backend that keeps them in the parameter dtype needs less)"
-                                 if width < 4 else ")")}
-    lora = policy.lora.enabled
-    if lora:  # the base is frozen: gradients and moments of the adapters only (rank x (in + out) per layer)
-        parts["gradients"] = parts["adamw_moments"] = 0
-        notes["gradients"] = notes["adamw_moments"] = ("the LoRA adapters' only (policy.lora.rank x (in + out) "
-                                                       "per adapted layer), not counted")
-    kl = cfg.loss_fn.reference_policy_kl_penalty
-    if kl > 0 and lora:
-        notes["weights"] += "; also the reference for the KL penalty (LoRA: the base with the adapters off, no copy)"
-    elif kl > 0:
-        parts["reference_model"] = params * width
-        notes["reference_model"] = f"a frozen copy for the KL penalty (loss_fn.reference_policy_kl_penalty={kl})"
+def _memory(cfg: Any, registry: Any, model: ModelSize, longest_prompt: int | None) -> tuple[dict[str, int], list[str]]:
+    teacher, teacher_width = None, 4
     if _needs_teacher(cfg, registry):
-        teacher = model_size(cfg.on_policy_distillation.teacher_model)
-        teacher_width = DTYPE_BYTES[cfg.on_policy_distillation.teacher_precision or policy.precision]
-        if teacher.params is not None:
-            parts["teacher_model"] = teacher.params * teacher_width
-            notes["teacher_model"] = f"{teacher.params:,} x {teacher_width} B ({teacher.how})"
-    parts["generation_weights"] = params * width
-    notes["generation_weights"] = "the generation engine's own copy" + (
-        "" if policy.generation.colocated.enabled else ", on its own devices (colocated.enabled=false)")
-    parts["total"] = sum(parts.values())
-    labels = {"weights": "policy weights", "gradients": "gradients", "adamw_moments": "AdamW moments",
-              "reference_model": "reference model", "teacher_model": "teacher model",
-              "generation_weights": "generation weights", "total": "total"}
-    lines = [f"{labels[key]:<18} {human_bytes(value):>10}" + (f"  {notes[key]}" if key in notes else "")
-             for key, value in parts.items()]
-    if cfg.cluster.runtime == "ray" and cfg.cluster.policy_workers > 1:
-        policy_states = parts["weights"] + parts["gradients"] + parts["adamw_moments"] + parts.get("reference_model", 0)
-        lines.append(f"policy states per rank: about {human_bytes(policy_states / cfg.cluster.policy_workers)} "
-                     f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
-    logits = ""
-    if model.vocab_size and policy.backend == "hf":  # response positions only, in chunks (backends/hf/forward.py)
-        chunk = min(policy.logprob_chunk_size or max(1, 64 * 2**20 // (4 * model.vocab_size)),
-                    policy.train_micro_batch_size * policy.max_total_sequence_length)
-        logits = f"logits of {chunk:,} positions x {model.vocab_size:,} values at a time (policy.logprob_chunk_size), "
-    elif model.vocab_size:
-        logits = (f"the logits of one micro-batch alone are {policy.train_micro_batch_size} x "
-                  f"{policy.max_total_sequence_length} x {model.vocab_size:,} values, ")
-    lines.append(f"not counted: activations ({logits}more with gradients), generation's KV cache, and the "
-                 "framework's and allocator's overhead")
-    return parts, lines
+        opd = cfg.on_policy_distillation
+        teacher = model_size(opd.teacher_model)
+        teacher_width = DTYPE_BYTES[opd.teacher_precision or cfg.policy.precision]
+    return estimate(cfg, model, teacher=teacher, teacher_width=teacher_width, longest_prompt=longest_prompt)

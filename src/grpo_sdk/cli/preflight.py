@@ -31,16 +31,18 @@ from grpo_sdk.core.models import check_model_source
 from grpo_sdk.core.protocols import SupportsShutdown
 
 
-def preflight(cfg: Any, registry: Any = None, notes: list[str] | None = None) -> list[tuple[str, str]]:
+def preflight(cfg: Any, registry: Any = None, notes: list[str] | None = None,
+              prompt_lengths: list[int] | None = None) -> list[tuple[str, str]]:
     """``(key, message)`` for each thing the run would fail on at setup; ``notes`` (when given)
-    receives one line per prompt source checked (how many prompts, the longest, the time taken)."""
+    receives one line per prompt source checked (how many prompts, the longest, the time taken),
+    ``prompt_lengths`` the longest prompt's tokens of each source that was tokenized."""
     problems = model_problems(cfg)
     if any(key in ("policy.model_name", "policy.tokenizer.name") for key, _ in problems):
         tokenizer = None  # the run stops at the tokenizer; the prompts are still read and checked
     else:
         tokenizer, problem = local_tokenizer(cfg)
         problems += problem
-    return problems + prompt_problems(cfg, registry, tokenizer, notes if notes is not None else [])
+    return problems + prompt_problems(cfg, registry, tokenizer, notes if notes is not None else [], prompt_lengths)
 
 
 # --- models ---------------------------------------------------------------------------------------
@@ -132,7 +134,8 @@ class BackendTokenizer:
 # --- prompts --------------------------------------------------------------------------------------
 
 
-def prompt_problems(cfg: Any, registry: Any, tokenizer: Any, notes: list[str]) -> list[tuple[str, str]]:
+def prompt_problems(cfg: Any, registry: Any, tokenizer: Any, notes: list[str],
+                    prompt_lengths: list[int] | None = None) -> list[tuple[str, str]]:
     """Build the run's training and validation prompts as setup does, and report what fails."""
     from grpo_sdk.trainer.data import TOO_LONG_HINT, make_prompt_source, make_validation_prompts
 
@@ -162,6 +165,8 @@ def prompt_problems(cfg: Any, registry: Any, tokenizer: Any, notes: list[str]) -
         if prompts:
             lengths = [len(p.token_ids) for p in prompts if p.token_ids is not None]
             longest = f", the longest {max(lengths)} tokens ({max_prompt_tokens} allowed)" if lengths else ""
+            if lengths and prompt_lengths is not None:
+                prompt_lengths.append(max(lengths))
             notes.append(f"{what}: {len(prompts)} prompts checked{longest} in {time.perf_counter() - start:.2f} s")
 
     def train() -> list[Any]:

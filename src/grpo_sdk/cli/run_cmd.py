@@ -72,13 +72,14 @@ def _dry_run(request: RunRequest) -> None:
 
     registry = load_plugin_modules(request.plugin_modules)
     cfg, resuming = resolve_config(request.files, request.overrides, request.run_dir, registry, resume=request.resume)
-    problems = preflight(cfg, registry)
+    prompt_lengths: list[int] = []  # the longest prompt of each source preflight tokenized: the memory plan's
+    problems = preflight(cfg, registry, prompt_lengths=prompt_lengths)
     if problems:
         raise ConfigError(problems)
     run_dir = request.run_dir or default_run_dir(cfg)
     print(f"dry run: nothing is built or written. Run dir {run_dir}" + (" (resumes its latest checkpoint)"
                                                                           if resuming else ""))
-    print(run_plan(cfg, registry).rstrip())
+    print(run_plan(cfg, registry, longest_prompt=max(prompt_lengths, default=None)).rstrip())
 
 
 def _run(request: RunRequest) -> None:

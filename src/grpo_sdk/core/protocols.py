@@ -269,6 +269,26 @@ class PromptSampler(Protocol):
 
 
 @runtime_checkable
+class RunsOnMainThread(Protocol):
+    """An environment whose ``step`` calls code that works only on a process's main thread:
+    signal-based timeouts (math-verify's ``parse`` and ``verify`` bound themselves with
+    ``signal.alarm``), signal handlers of its own. When the training loop runs on the main thread
+    (the synchronous loop on the local runtime, ``grpoctl run`` and ``grpo_sdk.train``), the runtime
+    calls such a ``step`` there instead of on a helper thread, and enforces ``cluster.call_timeout_s``
+    by interrupting it (``runtime/deadlines.py``, ``call_on_main_thread``). ``runs_on_main_thread()``
+    may depend on the config; False keeps the helper thread.
+
+    Example (the built-in ``reward_functions`` environment)::
+
+        class RewardFunctionsEnvironment:
+            def runs_on_main_thread(self) -> bool:
+                return True   # TRL-style functions call math-verify, as TRL calls them: on the main thread
+    """
+
+    def runs_on_main_thread(self) -> bool: ...
+
+
+@runtime_checkable
 class DeclaresRewardComponents(Protocol):
     """An environment's config block that knows, before anything is built, how many named reward
     components (``EnvironmentReturn.rewards`` keys) the environment will report. Config checks of

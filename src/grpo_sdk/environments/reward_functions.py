@@ -37,6 +37,25 @@ A reward function scores a step's completions in one call::
   values stops the run naming it. A function that never returns is stopped by
   ``cluster.call_timeout_s``, the deadline of every environment call.
 
+Where they run. Plain (``def``) functions run in the trainer's process, on its main thread, as TRL
+calls them, whenever the training loop runs there (``grpoctl run`` and ``grpo_sdk.train`` with the
+synchronous loop on the local runtime): so signal-based timeouts work (math-verify's ``parse`` and
+``verify`` with their default timeouts, ``signal.alarm`` of your own), module globals and caches
+persist from step to step and are the trainer's own, and a call costs nothing beyond the function.
+The deadline is enforced by interrupting the main thread (``runtime/deadlines.py``): a function
+stuck in Python or in a blocking system call (a socket read, a sleep) raises there and the run
+stops with ``CallTimeout``'s error naming the sample; one stuck in native code that cannot be
+interrupted ends the process with exit code 1, a message naming the call and every thread's stack,
+a few seconds past the deadline. Elsewhere, functions run on a helper thread where signals cannot
+reach them: the asynchronous loop's collector thread (``grpo.async_grpo.enabled``), where
+math-verify's default timeouts raise "doesn't support threaded environment" (pass
+``parsing_timeout=None``/``timeout_seconds=None``, or score with the ``math`` environment, whose
+worker processes have a main thread). On Ray, environment actors call them in their own processes,
+and the driver's deadline kills an actor that does not answer; Ray runs an actor's calls on its
+main thread only with ``cluster.env_max_concurrency: 1`` (the default 4 uses a thread pool), so set
+that (and ``cluster.env_workers`` for parallelism) for signal-based timeouts; ``callable:``
+references cannot reach an actor.
+
 Functions given as Python objects (``grpo_sdk.train(..., reward_funcs=[fn])``) go into the config
 as text through ``reference_for(fn)``: ``module:qualname`` when that import gives the same object
 back, else a process-local ``callable:<name>#<n>`` that only this process can resolve.
@@ -243,6 +262,10 @@ class RewardFunctionsEnvironment:
                           for i, ((entry, fn), name, w) in enumerate(zip(found, names, weights))]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+
+    def runs_on_main_thread(self) -> bool:
+        """Yes: TRL-style functions call math-verify, whose timeouts need the main thread."""
+        return True
 
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         size = len(message_logs)

@@ -176,6 +176,10 @@ class RewardModelEnvironment:
         self.inputs = set(inspect.signature(self.model.forward).parameters)
         self._lock = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
 
+    def runs_on_main_thread(self) -> bool:
+        """With rule functions, as reward_functions: they may use signal-based timeouts (math-verify)."""
+        return self.rules is not None
+
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:
         with self._lock:
             logits, truncated = self.score(message_logs)

@@ -12,9 +12,11 @@ names the worker, the call and the elapsed time:
 * an exception raised by the component itself (bad data, a NaN loss): re-raised on the driver as
   the same exception type, with a note naming the worker, so a run behaves as it does in-process.
 
-On the local runtime, ``EnvironmentDeadline`` gives environment calls the same deadline
-(``call_with_deadline``: a daemon thread; ``CallTimeout`` on expiry), so user code that hangs in
-process stops the run as a stuck worker does on Ray.
+On the local runtime, ``EnvironmentDeadline`` gives environment calls the same deadline, so user
+code that hangs in process stops the run as a stuck worker does on Ray: ``call_with_deadline`` runs
+the call on a daemon thread and abandons it on expiry; ``call_on_main_thread`` (environments that
+are ``RunsOnMainThread``, called from the main thread) runs it right there and interrupts it on
+expiry. Both raise ``CallTimeout``.
 
 This module imports no Ray at import time (``WorkerError`` is importable anywhere, e.g. by code
 that must let it through a broad ``except Exception``).
@@ -23,6 +25,8 @@ that must let it through a broad ``except Exception``).
 from __future__ import annotations
 
 import faulthandler
+import os
+import signal
 import sys
 import threading
 import time
@@ -32,7 +36,7 @@ import attrs
 
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.multi_turn import DeclaresTools
-from grpo_sdk.core.protocols import PromptSampler, SupportsShutdown
+from grpo_sdk.core.protocols import PromptSampler, RunsOnMainThread, SupportsShutdown
 
 
 class WorkerError(GrpoSdkError):
@@ -110,6 +114,107 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
     return box["value"]
 
 
+# The signal that interrupts the main thread at a deadline: a real-time one, which nothing in the
+# stack uses (SIGALRM is math-verify's own timeout, nested inside the call: its alarm(0) would cancel
+# a timer of ours), and which wakes a blocking system call (sleep, a socket read) as a thread cannot.
+INTERRUPT_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
+INTERRUPT_GRACE_S = 2.0  # past the deadline, how long the interrupted call may take to unwind
+_INTERRUPT_EVERY_S = 0.25  # repeated: user code may catch the first interrupt and carry on
+
+
+class _Overdue(BaseException):
+    """Raised into the main thread at its deadline. A BaseException, so user code's ``except
+    Exception`` (math-verify's parse has one) lets it through; turned into ``CallTimeout`` below."""
+
+
+@attrs.define(eq=False)
+class _MainThreadCall:
+    frame: Any  # call_on_main_thread's own frame: an interrupt that lands there (not in the call) waits
+    overdue: bool = False  # the deadline passed: the handler raises
+    finished: threading.Event = attrs.field(factory=threading.Event)  # the call returned or raised
+    lock: threading.Lock = attrs.field(factory=threading.Lock)  # a signal is sent only while not finished
+
+
+_CURRENT: list[_MainThreadCall] = []  # the main thread's call in flight (nested calls: the innermost last)
+_PREVIOUS_HANDLER: list[Any] = []  # what INTERRUPT_SIGNAL did before we took it (called when no call is due)
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    call = _CURRENT[-1] if _CURRENT else None
+    if call is not None and call.overdue and not call.finished.is_set():
+        if frame is not call.frame:  # in our own bookkeeping, the call has returned: let it finish
+            raise _Overdue
+        return
+    previous = _PREVIOUS_HANDLER[0] if _PREVIOUS_HANDLER else None
+    if callable(previous):
+        previous(signum, frame)
+
+
+def can_interrupt_this_thread() -> bool:
+    """Whether ``call_on_main_thread`` works here: the main thread, on a platform with pthread_kill."""
+    return threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_kill")
+
+
+def _watch(call: _MainThreadCall, timeout: float, message: str) -> None:
+    """At the deadline, interrupt the main thread (again every ``_INTERRUPT_EVERY_S``); past the
+    grace, end the process naming the call, as nothing else can stop it."""
+    if call.finished.wait(timeout):
+        return
+    main, give_up = threading.main_thread().ident, time.monotonic() + INTERRUPT_GRACE_S
+    while time.monotonic() < give_up:
+        with call.lock:
+            if call.finished.is_set():
+                return
+            call.overdue = True
+            signal.pthread_kill(main, INTERRUPT_SIGNAL)
+        if call.finished.wait(min(_INTERRUPT_EVERY_S, max(0.0, give_up - time.monotonic()))):
+            return
+    sys.stderr.write(f"grpo-sdk: {message}, and cannot be interrupted (it is inside native code that ignores "
+                     "signals); the process exits with code 1. Where each thread is:\n")
+    sys.stderr.flush()
+    if _has_stderr_fd():
+        faulthandler.dump_traceback(all_threads=True)
+    os._exit(1)
+
+
+def call_on_main_thread(fn: Callable[..., Any], *args: Any, timeout: float, what: str,
+                        deadline_key: str = "cluster.call_timeout_s") -> Any:
+    """``fn(*args)`` on this thread, the main one, stopped at ``timeout`` seconds with ``CallTimeout``.
+
+    For calls that need the main thread (signal-based timeouts). At the deadline a watchdog thread
+    sends the main thread ``INTERRUPT_SIGNAL``, whose handler raises: that stops Python code and
+    wakes a blocking system call. Code that cannot be interrupted is ended with the process, naming
+    the call: native code that ignores signals (the watchdog prints where each thread is and exits
+    with code 1 after ``INTERRUPT_GRACE_S``), or native code that holds the GIL, so no Python runs
+    (faulthandler's C watchdog, as in ``call_with_deadline``, a few seconds later).
+    """
+    if not can_interrupt_this_thread():
+        raise RuntimeError("call_on_main_thread() is for the main thread; use call_with_deadline()")
+    if not _PREVIOUS_HANDLER:  # installed once and left in place: a late signal then never meets SIG_DFL
+        _PREVIOUS_HANDLER.append(signal.signal(INTERRUPT_SIGNAL, _on_interrupt))
+    call = _MainThreadCall(frame=sys._getframe())
+    message = f"{what} did not return within {timeout:g} s ({deadline_key})"
+    backstop = _has_stderr_fd()
+    if backstop:  # native code holding the GIL: neither the handler nor the watchdog can run
+        faulthandler.dump_traceback_later(timeout + INTERRUPT_GRACE_S + 3, exit=True)
+    _CURRENT.append(call)
+    threading.Thread(target=_watch, args=(call, timeout, message), name=f"grpo-sdk: deadline of {what}",
+                     daemon=True).start()
+    def run() -> Any:  # a frame of its own: a builtin fn blocking in a system call is interrupted too
+        return fn(*args)
+
+    try:
+        return run()
+    except _Overdue:
+        raise CallTimeout(message, call=what, elapsed=timeout) from None
+    finally:
+        with call.lock:
+            call.finished.set()
+        _CURRENT.remove(call)
+        if backstop:
+            faulthandler.cancel_dump_traceback_later()
+
+
 class EnvironmentDeadline:
     """An in-process environment whose ``step`` and ``sample_prompts`` have a deadline; every other
     attribute is the environment's own. It has the optional methods the environment has, and only
@@ -119,6 +224,7 @@ class EnvironmentDeadline:
     def __init__(self, environment: Any, name: str, timeout: float):
         self.component = environment  # the environment itself (for code that must know its class)
         self._name, self._timeout = name, timeout
+        self._main_thread = isinstance(environment, RunsOnMainThread) and bool(environment.runs_on_main_thread())
         if isinstance(environment, PromptSampler):
             self.sample_prompts = self._sample_prompts
         if isinstance(environment, SupportsShutdown):
@@ -127,8 +233,11 @@ class EnvironmentDeadline:
             self.tool_schemas = environment.tool_schemas
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
-        return call_with_deadline(self.component.step, message_logs, metadata, timeout=self._timeout,
-                                  what=f"environment {self._name!r} step() on {len(message_logs)} samples")
+        # On the main thread when the environment needs it and the loop runs there; elsewhere (the
+        # asynchronous loop's collector thread) on a helper thread, as every other environment.
+        call = call_on_main_thread if self._main_thread and can_interrupt_this_thread() else call_with_deadline
+        return call(self.component.step, message_logs, metadata, timeout=self._timeout,
+                    what=f"environment {self._name!r} step() on {len(message_logs)} samples")
 
     def _sample_prompts(self, num_prompts: int, rng: Any) -> Any:
         return call_with_deadline(self.component.sample_prompts, num_prompts, rng, timeout=self._timeout,
