@@ -128,3 +128,20 @@ def test_math_is_a_registered_environment():
     info = Registry.discover().info("environment", "math")
     assert info is not None and info.ok, info
     assert info.spec.requires == ("math-verify>=0.7",) and info.spec.extra == "math"
+
+
+def test_without_workers_the_runtime_steps_it_on_the_main_thread_in_process():
+    """num_workers=0 asks for the main thread (RunsOnMainThread): no worker process is started, and
+    math-verify's own signal.alarm timeouts still bound a pathological answer under the deadline."""
+    from grpo_sdk.runtime.deadlines import EnvironmentDeadline
+
+    inner = MathEnvironment(MathEnvConfig(timeout_seconds=1), context=None)
+    env = EnvironmentDeadline(inner, "math", timeout=60)
+    seen = []
+    real = inner.step
+    inner.step = lambda logs, meta: (seen.append(threading.current_thread() is threading.main_thread()),
+                                     real(logs, meta))[1]
+    ret = env.step([log(r"\boxed{(10^{10^{5}})!}"), log(r"\boxed{3}")], [{"answer": "3"}] * 2)
+    assert ret.rewards["correct"] == [0.0, 1.0] and seen == [True] and inner._pool is None
+    pooled = MathEnvironment(MathEnvConfig(timeout_seconds=1, num_workers=2), context=None)
+    assert not pooled.runs_on_main_thread()

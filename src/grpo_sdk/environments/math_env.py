@@ -14,9 +14,11 @@ against the ``extracted_fraction`` metric. The gold answer (metadata key ``answe
 a number, a LaTeX expression, or a whole GSM8K solution ending in ``#### <answer>``.
 
 Timeouts: math-verify bounds each parse and comparison with ``signal.alarm``, which works only
-in a process's main thread. Called from the main thread with ``num_workers: 0``, responses are
-scored in-process; otherwise they go to worker processes, where each task runs in the worker's
-main thread. Either way an expression that runs past ``timeout_seconds`` scores 0.
+in a process's main thread. With ``num_workers: 0`` the environment asks to be stepped on the main
+thread (``runs_on_main_thread``; the synchronous loop does so) and scores in-process; called from
+another thread (async GRPO's collector), or with workers, responses go to worker processes, where
+each task runs in the worker's main thread. Either way an expression that runs past
+``timeout_seconds`` scores 0.
 """
 
 from __future__ import annotations
@@ -148,6 +150,11 @@ class MathEnvironment:
 
             raise PluginError("environment 'math' needs math-verify: pip install 'grpo-sdk[math]'") from None
         self._pool: Any = None
+
+    def runs_on_main_thread(self) -> bool:
+        """``num_workers: 0`` scores in this process, which math-verify's ``signal.alarm`` timeouts
+        allow only on the main thread: the trainer calls ``step`` there (``RunsOnMainThread``)."""
+        return self.config.num_workers == 0
 
     def _gold(self, meta: dict[str, Any]) -> str:
         key = self.config.answer_key
