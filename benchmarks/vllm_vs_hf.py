@@ -107,7 +107,7 @@ def load() -> str:
 
 
 def arithmetic_batch(tokenizer, prompts: int, samples: int):
-    """``prompts`` held-out arithmetic problems, chat-templated as the arithmetic recipe does, each ``samples`` times."""
+    """``prompts`` held-out arithmetic problems, chat-templated as the arithmetic recipe does, ``samples`` x each."""
     import json
 
     from grpo_sdk.core.records import GenerationInput
@@ -141,7 +141,7 @@ def generation_only(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = initial_model_path(args.model, tmp, seed=0)
         cfg = load_config(None, [f"policy.model_name={model}", "policy.max_total_sequence_length=512",
-                                 *VLLM[1:], "policy.generation.vllm.kv_cache_memory_bytes=536870912",
+                                 *VLLM, "policy.generation.vllm.kv_cache_memory_bytes=536870912",
                                  f"policy.generation.vllm.precision={args.precision}",
                                  *(["policy.hf.autocast=bfloat16"] if bf16 else [])], registry)
         context = RunContext(config=cfg, run_dir=Path(tmp), model_path=model, tokenizer_path=model, device="cpu",
@@ -150,9 +150,11 @@ def generation_only(args: argparse.Namespace) -> None:
         batch = arithmetic_batch(tokenizer, args.prompts, args.samples)
         sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0,
                                   stop_token_ids=(tokenizer.eos_token_id,))
-        blocks = cfg.policy.generation.structured_blocks
-        backends = {"hf": registry.load_impl("generation", "hf")(blocks.get("hf"), context),
-                    "vllm": registry.load_impl("generation", "vllm")(blocks["vllm"], context)}
+        # The config selects vLLM (its block); the hf generation takes its defaults: a model copy of
+        # its own, sampling under policy.hf.autocast as an hf run's does.
+        backends = {"hf": registry.load_impl("generation", "hf")(None, context),
+                    "vllm": registry.load_impl("generation", "vllm")(
+                        cfg.policy.generation.structured_blocks["vllm"], context)}
         times: dict[str, list[float]] = {name: [] for name in backends}
         tokens: dict[str, list[int]] = {name: [] for name in backends}
         for repeat in range(args.repeats + 1):  # the first call of each is the warm-up

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_grpoctl, train_batch
+from conftest import train_batch
 
 REPO = Path(__file__).resolve().parents[1]
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,7 +98,7 @@ def convert_once(gguf: Path) -> str:
 
 
 def arithmetic_prompts(n: int) -> list[str]:
-    """The first ``n`` held-out arithmetic word problems with the recipe's instruction (recipes/smollm2-arithmetic.yaml)."""
+    """The first ``n`` held-out arithmetic word problems with the instruction of recipes/smollm2-arithmetic.yaml."""
     rows = [json.loads(line) for line in (REPO / "recipes/data/arithmetic_val.jsonl").read_text().splitlines()[:n]]
     return [TEMPLATE.format(prompt=row["prompt"]) for row in rows]
 
@@ -125,7 +125,8 @@ TOLERANCE = {"float32": 1e-4, "bf16-vllm+autocast-policy": 0.06, "bf16-vllm+bf16
 
 
 def mult_prob_error(policy_logprobs, generation_logprobs, mask) -> float:
-    """``token_mult_prob_error`` as the loss logs it (algorithms/loss.py): mean of exp|gen - policy| over response tokens."""
+    """``token_mult_prob_error`` as the loss logs it (algorithms/loss.py): exp|gen - policy| averaged over
+    the response tokens."""
     import torch
 
     return float(torch.exp((generation_logprobs - policy_logprobs).abs())[mask].mean())
@@ -212,9 +213,9 @@ def test_five_grpo_steps_on_arithmetic_with_vllm(registry, smollm2, tmp_path):
     finally:
         trainer.shutdown()
     rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
-    print("\n" + "\n".join(f"step {r['step']}: loss={r['loss']:.5f} token_mult_prob_error={r['token_mult_prob_error']:.6f} "
-                           f"reward={r['reward/mean']:.3f} step_s={r['timing/step']:.1f} "
-                           f"rollout_s={r['timing/rollout']:.1f}" for r in rows))
+    for r in rows:
+        print(f"step {r['step']}: loss={r['loss']:.5f} token_mult_prob_error={r['token_mult_prob_error']:.6f} "
+              f"reward={r['reward/mean']:.3f} step_s={r['timing/step']:.1f} rollout_s={r['timing/rollout']:.1f}")
     assert summary.status == "completed", summary
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(math.isfinite(r["loss"]) for r in rows)
