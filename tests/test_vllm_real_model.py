@@ -201,6 +201,7 @@ def test_five_grpo_steps_on_arithmetic_with_vllm(registry, smollm2, tmp_path):
     cfg = load_config(None, [f"policy.model_name={smollm2}", *VLLM, *ARITHMETIC, "policy.precision=float32",
                              "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
                              "policy.generation.max_new_tokens=48", "grpo.max_num_steps=5", "grpo.val_period=0",
+                             "grpo.val_at_start=false", "grpo.val_at_end=false",
                              "loss_fn.reference_policy_kl_penalty=0", "checkpointing.enabled=false",
                              "logger.loggers=[jsonl]"], registry)
     trainer = GRPOTrainer(cfg, run_dir=tmp_path / "run", registry=registry)
