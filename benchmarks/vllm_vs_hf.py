@@ -176,7 +176,10 @@ def generation_only(args: argparse.Namespace) -> None:
         rate = statistics.median(t / s for t, s in zip(tokens[name], times[name]))
         print(f"{name:<9}{statistics.median(times[name]):>10.2f}{min(times[name]):>8.2f}{max(times[name]):>8.2f}"
               f"{statistics.mean(tokens[name]) / rows:>12.1f}{rate:>8.0f}")
-    print(f"vllm/hf: median time {statistics.median(times['vllm']) / statistics.median(times['hf']):.2f}")
+    paired = [v / h for v, h in zip(times["vllm"], times["hf"])]  # each vLLM call against the hf call just before it
+    print(f"vllm/hf: median time {statistics.median(times['vllm']) / statistics.median(times['hf']):.2f}, "
+          f"fastest call {min(times['vllm']) / min(times['hf']):.2f}, median of the paired ratios "
+          f"{statistics.median(paired):.2f} (range {min(paired):.2f}-{max(paired):.2f})")
 
 
 if __name__ == "__main__":
