@@ -67,7 +67,8 @@ def smollm2() -> str:
 
 def convert_once(gguf: Path) -> str:
     """The dequantized model of ``gguf`` in a directory keyed by the file's sha256, written once
-    (to a staging directory renamed into place, so a killed conversion leaves nothing half-written)."""
+    (to a staging directory renamed into place, so a killed conversion leaves nothing half-written).
+    A test fixture's conversion, without core.gguf_cache's lock and error handling."""
     digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
     cache = Path(os.environ.get("GRPO_SDK_CACHE_DIR") or "~/.cache/grpo-sdk").expanduser() / "test-models"
     final = cache / f"smollm2-{digest[:16]}"
@@ -92,7 +93,10 @@ def convert_once(gguf: Path) -> str:
     plain.generation_config = model.generation_config
     plain.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    shutil.rmtree(final, ignore_errors=True)
+    if (final / "model.safetensors").is_file():  # another process finished first: keep its copy
+        shutil.rmtree(staging)
+        return str(final)
+    shutil.rmtree(final, ignore_errors=True)  # an incomplete one
     os.replace(staging, final)
     return str(final)
 
