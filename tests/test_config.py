@@ -431,7 +431,8 @@ def test_round_trip_with_every_section_written(registry, tmp_path):
     written = yaml.safe_load(to_yaml(cfg))
     assert written["grpo"]["adv_estimator"]["grpo"] == {"normalize_rewards": True,
                                                         "use_leave_one_out_baseline": True}
-    assert written["policy"]["hf"] == {"attn_implementation": None, "gradient_checkpointing": False, "autocast": None}
+    assert written["policy"]["hf"] == {"attn_implementation": None, "gradient_checkpointing": False, "autocast": None,
+                                       "skip_zero_advantage_rows": False}
     assert written["env"]["reverse_digits"] == {"num_digits": 8, "format_weight": 0.0}
 
 
