@@ -76,16 +76,18 @@ def command() -> list[str]:
 # --- the settings: the recipe as grpoctl resolves it, and TRL's from it --------------------------------
 
 
-def sdk_overrides(args: argparse.Namespace, seed: int, max_steps: int) -> list[str]:
-    """What the benchmark changes in the recipe for grpo-sdk (and, through ``trl_settings``, for TRL)."""
-    return [f"policy.model_name={args.model}", f"grpo.seed={seed}", f"grpo.max_num_steps={max_steps}",
+def sdk_overrides(args: argparse.Namespace, seed: int | None, max_steps: int) -> list[str]:
+    """What the benchmark changes in the recipe for grpo-sdk (and, through ``trl_settings``, for TRL);
+    ``seed`` None keeps the recipe's."""
+    return [f"policy.model_name={args.model}", *([f"grpo.seed={seed}"] if seed is not None else []),
+            f"grpo.max_num_steps={max_steps}",
             # one evaluator scores both sides after training; TRL validates nothing during it either
             "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false",
             "checkpointing.enabled=false", "logger.loggers=[jsonl]",
             *(QUICK if args.quick else []), *args.grpo_override]
 
 
-def resolve(args: argparse.Namespace, seed: int, max_steps: int) -> Any:
+def resolve(args: argparse.Namespace, seed: int | None, max_steps: int) -> Any:
     from grpo_sdk.core.config_loader import load_config
     from grpo_sdk.plugins.registry import Registry
 
@@ -168,12 +170,31 @@ def math_config(cfg: Any) -> Any:
     return plugin_config(cfg.env)
 
 
+def probe_precision(model: Any) -> dict[str, dict]:
+    """What the model's first linear layer sees, per mode ("no_grad": sampling and logprob passes, "grad":
+    the training forward): whether CPU autocast is on, its weight's and its output's dtype. Filled as the
+    trainer runs; reported with the worker's peak RSS."""
+    import torch
+
+    seen: dict[str, dict] = {}
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+    def hook(module, inputs, output):
+        seen.setdefault("grad" if torch.is_grad_enabled() else "no_grad", {
+            "autocast": torch.is_autocast_enabled("cpu"), "weight": str(module.weight.dtype).removeprefix("torch."),
+            "output": str(output.dtype).removeprefix("torch.")})
+
+    first.register_forward_hook(hook)
+    return seen
+
+
 # --- the grpo-sdk worker: grpoctl run with this module as its hook plugin -------------------------------
 
 class SdkWorker:
     """State of the hooks below; they act only in the worker grpoctl the parent starts (REAL_MODEL_WORKER)."""
 
     tick = 0.0
+    precision: dict[str, dict] = {}
 
 
 def _active() -> bool:
@@ -183,6 +204,7 @@ def _active() -> bool:
 @hookimpl
 def grpo_run_start(run: Any) -> None:
     if _active():
+        SdkWorker.precision = probe_precision(run.components.policy.model)
         say(event="ready", rss=rss_mb())
         _serve_sdk(run)
 
@@ -208,7 +230,7 @@ def _serve_sdk(run: Any) -> None:
             SdkWorker.tick = time.perf_counter()
             return
         else:  # measured; nothing of the run is needed (its dir is the parent's temp dir)
-            say(event="done", rss=rss_mb())
+            say(event="done", rss=rss_mb(), precision=SdkWorker.precision)
             sys.stdout.flush()
             os._exit(0)
 
@@ -269,10 +291,11 @@ def trl_worker(args: argparse.Namespace) -> None:
                     return
 
     trainer.add_callback(Stepper())
+    precision = probe_precision(trainer.model)
     say(event="ready", rss=rss_mb())
     if command()[0] == "step":
         trainer.train()
-    say(event="done", rss=rss_mb())
+    say(event="done", rss=rss_mb(), precision=precision)
 
 
 def build_trl(cfg: Any, work: Path) -> Any:
@@ -441,7 +464,7 @@ def summarise(w: Worker, ready: dict, done: dict, steps: int) -> dict:
             "step_times": [round(s["wall"], 2) for s in w.steps], "phases_s": phases,
             "mean_response_length": statistics.mean(lengths) if lengths else None,
             "peak_rss_mb": done["rss"]["peak"], "children_peak_rss_mb": done["rss"]["children_peak"],
-            "rss_ready_mb": ready["rss"]["peak"], "saved": w.saved}
+            "rss_ready_mb": ready["rss"]["peak"], "precision": done.get("precision"), "saved": w.saved}
 
 
 def evaluate_round(args: argparse.Namespace, cfg: Any, result: dict) -> None:
@@ -536,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is None:
             args.model = build_quick_model(Path(tmp) / "model")
         try:
-            cfg = resolve(args, 0, args.steps + args.max_extra_steps)
+            cfg = resolve(args, None, args.steps + args.max_extra_steps)
         except Exception as exc:  # noqa: BLE001 - a ConfigError names the key; the recipe is the user's
             print(f"error: the recipe does not resolve: {exc}", file=sys.stderr)
             return 2
@@ -557,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                "cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
                "wall_s": round(time.perf_counter() - started, 1), "steps": args.steps,
-               "grpo_overrides": sdk_overrides(args, cfg.grpo.seed, args.steps + args.max_extra_steps),
+               "grpo_overrides": sdk_overrides(args, None, args.steps + args.max_extra_steps),
                "trl_settings": settings, "differences": differences, "eval": eval_options(args, cfg),
                "base_eval": base, "rounds": rounds, **totals(rounds)}
     print(json.dumps(summary, indent=1) if args.json else report(summary))
@@ -611,13 +634,16 @@ def report(s: dict) -> str:
                      f"{s['peak_rss_mb'][name]:>12.0f}   {accuracy}")
     lines.append(f"ratios grpo-sdk/TRL: step {s['grpo_over_trl_step']:.3f}, peak RSS {s['grpo_over_trl_peak_rss']:.3f}")
     for i, (r, w) in enumerate(zip(s["rounds"], s["equal_wall"] or [None] * len(s["rounds"]))):
-        phases = "; ".join(f"{n}: " + ", ".join(f"{k} {v:.1f}" for k, v in c["phases_s"].items())
+        phases = "; ".join(f"{n}: " + ", ".join(f"{k} {v:.2f}" for k, v in c["phases_s"].items())
                            for n, c in r["contenders"].items())
         lines.append(f"round {i} (seed {r['seed']}, {r['order'][0]} first): median phases (s) {phases}")
         if w:
             lines.append(f"  equal wall time: {w['faster']} {w['faster_steps']} steps in {w['faster_train_s']} s "
                          f"-> {w['faster_accuracy']:.3f}; {w['slower']} {w['slower_steps']} steps in "
                          f"{w['slower_train_s']} s -> {w['slower_accuracy']:.3f}")
+    for name, c in s["rounds"][0]["contenders"].items():
+        lines.append(f"{name} precision (first linear layer: autocast, weight, output): " + "; ".join(
+            f"{mode} {p['autocast']}, {p['weight']}, {p['output']}" for mode, p in (c["precision"] or {}).items()))
     e = s["eval"]
     lines.append(f"evaluator: greedy, float32, transformers generate, first {e['samples']} validation rows, batch "
                  f"{e['batch_size']}, {e['max_new_tokens']} new tokens, grpo-sdk's math scoring")
