@@ -136,10 +136,13 @@ def trl_settings(cfg: Any) -> tuple[dict[str, Any], list[str]]:
         "prompt order: each shuffles with its own sampler (same data, same seed number, different draws)",
         "sampling: grpo-sdk's own KV-cache sampler vs transformers generate (same temperature/top-p/top-k)",
     ]
+    if getattr(hf, "skip_zero_advantage_rows", False):
+        differences.append("policy.hf.skip_zero_advantage_rows: grpo-sdk leaves rows whose advantages are all zero "
+                           "out of its training passes (the same gradient, less compute); TRL computes them")
     if policy.max_total_sequence_length:
         differences.append(f"policy.max_total_sequence_length={policy.max_total_sequence_length}: grpo-sdk's "
-                           "bound on prompt + response; TRL's prompts are not truncated (none of the recipe's "
-                           "prompts is long enough for it to matter)")
+                           "bound on prompt + response; TRL 1.16 has no prompt-length bound (it matters only for "
+                           f"prompts over {policy.max_total_sequence_length - gen.max_new_tokens} tokens)")
     if grpo.overlong_filtering:
         differences.append("overlong filtering: TRL's mask_truncated_completions drops truncated rows from the "
                            "loss too, but its advantages still count them in the group statistics, as grpo-sdk")
@@ -495,6 +498,25 @@ def build_quick_model(out: Path) -> Path:
     return out
 
 
+def without_quantization_config(model: Path, tmp: Path) -> tuple[Path, str | None]:
+    """``(the model directory both sides load, a note)``. A directory written from a GGUF-loaded model keeps
+    ``quantization_config`` (quant_method gguf) in its config.json though its safetensors hold plain floats;
+    transformers' Trainer then refuses to fine-tune it ("purely quantized models"). Both sides get the same
+    copy without that key: links to the files, a rewritten config.json."""
+    config = json.loads((model / "config.json").read_text())
+    if "quantization_config" not in config:
+        return model, None
+    method = config.pop("quantization_config").get("quant_method")
+    plain = tmp / "model-plain"
+    plain.mkdir()
+    for item in model.iterdir():
+        if item.name != "config.json":
+            (plain / item.name).symlink_to(item)
+    (plain / "config.json").write_text(json.dumps(config, indent=2))
+    return plain, (f"{model}/config.json has a quantization_config (quant_method {method}) over float weights, "
+                   "which TRL's Trainer refuses to fine-tune: both sides load a linked copy without it")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the grpo-sdk recipe both sides follow")
@@ -558,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo-real-model-") as tmp:
         if args.model is None:
             args.model = build_quick_model(Path(tmp) / "model")
+        source = args.model
+        args.model, model_note = without_quantization_config(args.model, Path(tmp))
         try:
             cfg = resolve(args, None, args.steps + args.max_extra_steps)
         except Exception as exc:  # noqa: BLE001 - a ConfigError names the key; the recipe is the user's
@@ -575,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             evaluate_round(args, cfg, rounds[-1])
-    summary = {"commit": git_commit(), "recipe": str(args.recipe), "model": str(args.model),
+    summary = {"commit": git_commit(), "recipe": str(args.recipe), "model": str(source), "model_note": model_note,
                "torch": torch.__version__, "trl": version("trl"), "transformers": version("transformers"),
                "cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in load_before],
                "load_avg_after": [round(x, 2) for x in os.getloadavg()],
@@ -647,7 +671,7 @@ def report(s: dict) -> str:
     e = s["eval"]
     lines.append(f"evaluator: greedy, float32, transformers generate, first {e['samples']} validation rows, batch "
                  f"{e['batch_size']}, {e['max_new_tokens']} new tokens, grpo-sdk's math scoring")
-    lines += ["not matched: " + d for d in s["differences"]]
+    lines += ["not matched: " + d for d in s["differences"]] + (["note: " + s["model_note"]] if s["model_note"] else [])
     return "\n".join(lines)
 
 
