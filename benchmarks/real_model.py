@@ -102,9 +102,11 @@ def trl_settings(cfg: Any) -> tuple[dict[str, Any], list[str]]:
     hf, estimator = plugin_config(policy), plugin_config(grpo.adv_estimator)
     rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     micro = min(policy.train_micro_batch_size or rows, rows)
-    if rows % micro or micro % grpo.num_generations_per_prompt:
-        raise SystemExit(f"error: TRL needs the train micro batch ({micro}) to divide the {rows} rows per step and "
-                         f"to hold whole groups of {grpo.num_generations_per_prompt}")
+    per_optimizer_step = policy.train_global_batch_size or rows  # rows per optimizer step
+    if rows % per_optimizer_step or per_optimizer_step % micro or micro % grpo.num_generations_per_prompt:
+        raise SystemExit(f"error: TRL needs the train micro batch ({micro}) to hold whole groups of "
+                         f"{grpo.num_generations_per_prompt} and to divide the rows per optimizer step "
+                         f"({per_optimizer_step}), and those to divide the {rows} rows per step")
     if grpo.adv_estimator.name != "grpo" or policy.backend != "hf":
         raise SystemExit("error: TRL's GRPOTrainer has group-normalised advantages on a transformers model: the "
                          "recipe needs grpo.adv_estimator.name=grpo and policy.backend=hf")
@@ -112,8 +114,9 @@ def trl_settings(cfg: Any) -> tuple[dict[str, Any], list[str]]:
         raise SystemExit("error: this benchmark compares full fine-tuning with AdamW (no LoRA)")
     schedule = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[policy.scheduler.name]
     settings = dict(
-        # one optimizer step per generation batch of P x G rows, in rows/micro micro batches
-        per_device_train_batch_size=micro, gradient_accumulation_steps=rows // micro,
+        # a generation batch of P x G rows, in micro batches; an optimizer step every
+        # policy.train_global_batch_size rows (default: all of them, one step per generation batch)
+        per_device_train_batch_size=micro, gradient_accumulation_steps=per_optimizer_step // micro,
         steps_per_generation=rows // micro, num_generations=grpo.num_generations_per_prompt,
         num_iterations=1, max_completion_length=gen.max_new_tokens,
         temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k or 0,

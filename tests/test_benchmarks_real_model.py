@@ -87,6 +87,15 @@ def test_trl_settings_follow_the_recipe(real_model, tiny_model):
     assert not any("leave-one-out" in d for d in differences)
 
 
+def test_several_optimizer_steps_per_step_map_to_trls_generation_batch(real_model, tiny_model):
+    """policy.train_global_batch_size: an optimizer step per that many rows; TRL generates once for them all."""
+    cfg = resolved(real_model, tiny_model, "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8",
+                   "policy.train_micro_batch_size=8", "policy.train_global_batch_size=16")
+    settings, _ = real_model.trl_settings(cfg)
+    assert (settings["per_device_train_batch_size"], settings["gradient_accumulation_steps"],
+            settings["steps_per_generation"]) == (8, 2, 4)
+
+
 def test_trl_settings_refuse_what_trl_cannot_follow(real_model, tiny_model):
     cfg = resolved(real_model, tiny_model, "policy.train_micro_batch_size=3")
     with pytest.raises(SystemExit, match="micro batch"):
