@@ -59,9 +59,12 @@ LOOSE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLEL
 
 
 def rss_mb() -> dict[str, float]:
-    """Peak resident set size of this process and of its waited-for children, MiB."""
-    return {"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "children_peak": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    """This process's peak resident set size, MiB: VmHWM, the high-water mark of its own address space.
+    Not ``ru_maxrss``: Linux carries that over fork and exec, so a worker would report at least the
+    parent's peak (the parent has evaluated the base model by then)."""
+    status = Path("/proc/self/status").read_text()
+    hwm = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    return {"peak": int(hwm) / 1024, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def say(**message: Any) -> None:
@@ -266,11 +269,14 @@ def trl_worker(args: argparse.Namespace) -> None:
     trainer._generate = timed("generate", trainer._generate)
     trainer._generate_and_score_completions = timed("generate_and_score", trainer._generate_and_score_completions)
     lengths: list[int] = []
+    reward: list[float] = [0.0]
     original = trainer._calculate_rewards
 
     def calculate_rewards(inputs, prompts, completions, completion_ids_list):
         lengths[:] = [len(ids) for ids in completion_ids_list]
-        return original(inputs, prompts, completions, completion_ids_list)
+        rewards = original(inputs, prompts, completions, completion_ids_list)
+        reward[0] = float(rewards.sum(-1).mean())
+        return rewards
 
     trainer._calculate_rewards = calculate_rewards
 
@@ -282,7 +288,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         def on_step_end(self, args_, state, control, model=None, **kw):
             wall = time.perf_counter() - self.start
             scored = timer["generate_and_score"]
-            say(event="step", step=state.global_step, wall=wall, lengths=list(lengths),
+            say(event="step", step=state.global_step, wall=wall, lengths=list(lengths), reward=reward[0],
                 phases={"generate": timer["generate"], "score_and_logprobs": scored - timer["generate"],
                         "train": wall - scored, "step": wall})
             while True:  # outside the timed window
@@ -468,9 +474,11 @@ def summarise(w: Worker, ready: dict, done: dict, steps: int) -> dict:
     lengths = [n for s in alternated for n in s["lengths"]]
     return {"step_s": {"median": statistics.median(timed), "min": min(timed), "max": max(timed)},
             "step_times": [round(s["wall"], 2) for s in w.steps], "phases_s": phases,
+            "steps": [{"phases": {k: round(v, 2) for k, v in s["phases"].items()}, "reward": s.get("reward"),
+                       "mean_length": round(statistics.mean(s["lengths"]), 1) if s["lengths"] else None}
+                      for s in w.steps],
             "mean_response_length": statistics.mean(lengths) if lengths else None,
-            "peak_rss_mb": done["rss"]["peak"], "children_peak_rss_mb": done["rss"]["children_peak"],
-            "rss_ready_mb": ready["rss"]["peak"], "precision": done.get("precision"), "saved": w.saved}
+            "peak_rss_mb": done["rss"]["peak"], "rss_ready_mb": ready["rss"]["peak"], "precision": done.get("precision"), "saved": w.saved}
 
 
 def evaluate_round(args: argparse.Namespace, cfg: Any, result: dict) -> None:
