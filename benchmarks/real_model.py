@@ -62,9 +62,19 @@ def rss_mb() -> dict[str, float]:
     """This process's peak resident set size, MiB: VmHWM, the high-water mark of its own address space.
     Not ``ru_maxrss``: Linux carries that over fork and exec, so a worker would report at least the
     parent's peak (the parent has evaluated the base model by then)."""
-    status = Path("/proc/self/status").read_text()
-    hwm = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
-    return {"peak": int(hwm) / 1024, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    children = [pid for task in Path("/proc/self/task").iterdir()
+                for pid in (task / "children").read_text().split()]
+    return {"peak": _hwm_mb("self"), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            # e.g. the math environment's scoring process, where it scores off the main thread
+            "children_peak": sum(_hwm_mb(pid) for pid in children)}
+
+
+def _hwm_mb(pid: str) -> float:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone since it was listed
+        return 0.0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0) / 1024
 
 
 def say(**message: Any) -> None:
@@ -238,10 +248,13 @@ def _serve_sdk(run: Any) -> None:
         elif verb == "step":
             SdkWorker.tick = time.perf_counter()
             return
-        else:  # measured; nothing of the run is needed (its dir is the parent's temp dir)
+        else:  # measured; nothing else of the run is needed (its dir is the parent's temp dir)
             say(event="done", rss=rss_mb(), precision=SdkWorker.precision)
-            sys.stdout.flush()
-            os._exit(0)
+            try:
+                run.shutdown()  # its components' processes (a scoring pool) must not outlive it
+            finally:
+                sys.stdout.flush()
+                os._exit(0)
 
 
 # --- the TRL worker --------------------------------------------------------------------------------------
@@ -478,7 +491,8 @@ def summarise(w: Worker, ready: dict, done: dict, steps: int) -> dict:
                        "mean_length": round(statistics.mean(s["lengths"]), 1) if s["lengths"] else None}
                       for s in w.steps],
             "mean_response_length": statistics.mean(lengths) if lengths else None,
-            "peak_rss_mb": done["rss"]["peak"], "rss_ready_mb": ready["rss"]["peak"], "precision": done.get("precision"), "saved": w.saved}
+            "peak_rss_mb": done["rss"]["peak"], "children_peak_rss_mb": done["rss"]["children_peak"],
+            "rss_ready_mb": ready["rss"]["peak"], "precision": done.get("precision"), "saved": w.saved}
 
 
 def evaluate_round(args: argparse.Namespace, cfg: Any, result: dict) -> None:
