@@ -19,6 +19,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(path: Path) -> None:
+    """Flush every file below ``path`` and the directories themselves to disk."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb+") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(root))
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """``path`` holds either its old content or all of ``text``, never a part."""
     path = Path(path)

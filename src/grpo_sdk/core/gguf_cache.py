@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_sdk.core.errors import ModelFileError, ModelLoadError, PluginError
-from grpo_sdk.core.files import fsync_dir
+from grpo_sdk.core.files import fsync_dir, fsync_tree
 
 CACHE_ENV = "GRPO_SDK_CACHE_DIR"
 DEFAULT_CACHE = "~/.cache/grpo-sdk"
@@ -189,7 +189,7 @@ def _convert_into(path: Path, final: Path, key: str) -> None:
         _write_model(path, staging, key)
         (staging / "gguf_source.json").write_text(json.dumps(
             {"file": str(path.resolve()), "bytes": size, "sha256": file_sha256(path)}, indent=2) + "\n")
-        _fsync_tree(staging)
+        fsync_tree(staging)
         os.replace(staging, final)
         fsync_dir(final.parent)
     finally:
@@ -275,10 +275,3 @@ def _version(dist: str) -> str:
     except PackageNotFoundError:
         return "not installed"
 
-
-def _fsync_tree(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for file in files:
-            with open(os.path.join(root, file), "rb+") as f:
-                os.fsync(f.fileno())
-        fsync_dir(Path(root))

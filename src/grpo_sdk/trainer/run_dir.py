@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError
-from grpo_sdk.core.files import fsync_dir, write_text_atomic  # noqa: F401 - re-exported: the trainer's atomic writes
+from grpo_sdk.core.files import fsync_dir, fsync_tree, write_text_atomic  # noqa: F401 - re-exported
 
 LOCK_FILE = ".lock"
 
@@ -135,14 +135,6 @@ def _directory_problem(path: Path) -> str | None:
         return f"{parent} is not writable (cannot create or write {path})"
     return None
 
-
-def fsync_tree(path: Path) -> None:
-    """Flush every file below ``path`` and the directories themselves to disk."""
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb+") as f:
-                os.fsync(f.fileno())
-        fsync_dir(Path(root))
 
 
 def initial_model_path(model_name: str, run_dir: str | Path, seed: int, key: str = "policy.model_name") -> str:
