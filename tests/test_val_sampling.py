@@ -42,3 +42,22 @@ def test_greedy_validation_is_the_argmax_whatever_the_seed(registry, tmp_path, t
     sampled = small_trainer(registry, tmp_path / "s", tiny_model_dir, "grpo.max_val_samples=8")
     texts = lambda bs: [log[-1].content for b in bs for log in b.message_logs]  # noqa: E731
     assert texts(batches) != texts(sampled.validate(0)[1])  # a random-init model at temperature 1 is not greedy
+
+
+def test_greedy_keeps_one_token_of_a_tie_whatever_the_draw():
+    """bfloat16 logits tie often: greedy must still be one token, the first maximal one (as argmax),
+    not a draw among the tied ones that moves with the seed."""
+    import torch
+
+    from grpo_sdk.algorithms.sampling import process_logits
+    from grpo_sdk.backends.hf.generation import sample_token
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, 2.0, 2.0, 2.0]], dtype=torch.bfloat16).float()
+    kept = process_logits(logits, top_k=1)
+    assert torch.isfinite(kept).tolist() == [[False, True, False, False], [True, False, False, False]]
+    greedy = SamplingParams(max_new_tokens=1, temperature=1.0, top_k=1)
+    for seed in range(20):
+        token, logprob = sample_token(logits, greedy, torch.Generator().manual_seed(seed))
+        assert token.tolist() == [1, 0] and logprob.tolist() == [0.0, 0.0]
+    two = process_logits(logits, top_k=2)  # k > 1 keeps every token at least the k-th value, ties included
+    assert torch.isfinite(two).sum(-1).tolist() == [2, 4]
