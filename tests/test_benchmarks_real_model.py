@@ -159,3 +159,29 @@ def test_quick_runs_both_and_evaluates_what_they_saved():
     assert summary["grpo_over_trl_step"] == pytest.approx(summary["step_s"]["grpo-sdk"]["median"] /
                                                           summary["step_s"]["trl"]["median"])
     assert summary["trl_settings"]["loss_type"] == "dapo" and summary["base_eval"]["samples"] == 4
+
+
+def heldout(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(BENCH / "heldout.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_heldout_scores_every_model_alike_and_reports_the_mean_gain(tiny_model, tmp_path):
+    """benchmarks/heldout.py: the same model as base and as two "runs" scores the same, so the gain is 0 +- 0;
+    a run directory with nothing to export is an error naming it."""
+    twin = tmp_path / "twin"
+    twin.symlink_to(tiny_model)
+    proc = heldout("--json", "--samples", "8", "--base", str(tiny_model), str(tiny_model), str(twin))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    [score] = {json.dumps({k: v for k, v in r.items() if k != "seconds"}, sort_keys=True)
+               for r in [summary["base"], *summary["runs"].values()]}
+    assert json.loads(score)["samples"] == 8 and len(summary["runs"]) == 2
+    assert summary["gain_mean"] == 0 and summary["gain_stderr"] == 0
+    empty = tmp_path / "empty-run"
+    empty.mkdir()
+    proc = heldout("--base", str(tiny_model), str(empty))
+    assert proc.returncode == 1 and f"grpoctl export {empty} failed" in proc.stderr, proc.stderr
+    proc = heldout("--base", str(tmp_path / "missing"), str(empty))
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
