@@ -792,6 +792,12 @@ class ClusterConfig:
     num_threads: int | None = option(1, "torch.set_num_threads for the run (and in every worker); null keeps "
                                      "torch's default. One thread is fastest for small models on shared CPUs.",
                                      validator=v.optional(v.and_(positive, v.le(MAX_THREADS))))
+    malloc_mmap_threshold: int | None = option(
+        None, "glibc (Linux): bytes from which every C allocation gets its own mapping, returned to the OS when "
+        "freed, in the run's process and every worker (mallopt M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does). "
+        "null keeps glibc's own threshold, which rises as blocks are freed and then keeps freed tensors resident: "
+        "peak RSS grows step after step past what is live (docs/benchmarks.md, \"Memory plan\"). No effect elsewhere.",
+        validator=v.optional(v.and_(positive, v.le(32 * 1024 * 1024))))
 
 
 @attrs.frozen(kw_only=True)

@@ -37,6 +37,7 @@ from grpo_sdk.core.protocols import (
     WeightFileWriter,
     protocol_methods,
 )
+from grpo_sdk.runtime.allocator import fix_mmap_threshold
 
 
 def optional_methods(component: Any) -> list[str]:
@@ -145,6 +146,7 @@ class ComponentWorker:
         cluster = spec.context.config.cluster
         if cluster.num_threads:
             torch.set_num_threads(cluster.num_threads)
+        fix_mmap_threshold(cluster.malloc_mmap_threshold)
         # As the loop seeds the driver before it builds anything: a component that draws from the
         # global RNGs while it is built draws the same numbers in a worker.
         random.seed(spec.context.config.grpo.seed)

@@ -52,6 +52,7 @@ from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
+from grpo_sdk.runtime.allocator import fix_mmap_threshold
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
@@ -148,6 +149,7 @@ class GRPOTrainer:
         cfg = self.config
         if cfg.cluster.num_threads:
             torch.set_num_threads(cfg.cluster.num_threads)
+        fix_mmap_threshold(cfg.cluster.malloc_mmap_threshold)
         random.seed(cfg.grpo.seed)
         torch.manual_seed(cfg.grpo.seed)
         model_path = self._prepare_run_dir()
