@@ -1,4 +1,4 @@
-"""cluster.malloc_mmap_threshold: glibc's mmap threshold fixed, so freed blocks go back to the OS.
+"""cluster.malloc_mmap_threshold and cluster.release_freed_memory: freed blocks go back to the OS.
 
 Each probe runs in a fresh interpreter, so the allocator state it measures is its own."""
 
@@ -13,7 +13,7 @@ from conftest import config_problems
 
 PROBE = r"""
 import ctypes, sys
-from grpo_sdk.runtime.allocator import fix_mmap_threshold
+from grpo_sdk.runtime.allocator import fix_mmap_threshold, release_freed_memory
 
 def rss_mib():
     status = open("/proc/self/status").read().split("VmRSS:")[1]
@@ -35,6 +35,8 @@ for i in range(8):  # as a training step frees activations: a live small block l
     big = block((8 + i) * MIB)
     live.append(block(64 * 1024))
     libc.free(big)
+if sys.argv[1] == "trim":
+    took = release_freed_memory()
 print(took, rss_mib() - before)
 """
 
@@ -53,6 +55,14 @@ def test_a_fixed_threshold_gives_freed_blocks_back():
     assert took == "True" and fixed_kept <= 2
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
+def test_releasing_after_a_step_gives_the_holes_back():
+    """What the trainer does after every step (cluster.release_freed_memory): the same holes, handed back."""
+    assert kept_mib("default")[1] >= 16
+    took, trimmed_kept = kept_mib("trim")
+    assert took == "True" and trimmed_kept <= 2
+
+
 def test_null_leaves_the_allocator_alone():
     from grpo_sdk.runtime.allocator import fix_mmap_threshold
 
@@ -62,3 +72,21 @@ def test_null_leaves_the_allocator_alone():
 @pytest.mark.parametrize("value", ["0", "-1", "67108864"])
 def test_out_of_range_thresholds_are_config_errors(registry, value):
     assert "cluster.malloc_mmap_threshold" in config_problems(registry, f"cluster.malloc_mmap_threshold={value}")
+
+
+@pytest.mark.parametrize("enabled, calls", [("true", 2), ("false", 0)])
+def test_the_trainer_releases_after_every_step_unless_told_not_to(registry, tmp_path, tiny_model_dir, monkeypatch,
+                                                                  enabled, calls):
+    from conftest import small_trainer
+
+    import grpo_sdk.trainer.trainer as trainer_module
+
+    released = []
+    monkeypatch.setattr(trainer_module, "release_freed_memory", lambda: released.append(1))
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, f"cluster.release_freed_memory={enabled}",
+                            "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false")
+    try:
+        trainer.train()
+    finally:
+        trainer.shutdown()
+    assert len(released) == calls

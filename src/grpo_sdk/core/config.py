@@ -798,6 +798,10 @@ class ClusterConfig:
         "null keeps glibc's own threshold, which rises as blocks are freed and then keeps freed tensors resident: "
         "peak RSS grows step after step past what is live (docs/benchmarks.md, \"Memory plan\"). No effect elsewhere.",
         validator=v.optional(v.and_(positive, v.le(32 * 1024 * 1024))))
+    release_freed_memory: bool = option(
+        True, "glibc (Linux): after every step, give the pages the step freed back to the OS (malloc_trim), so "
+        "the heap does not carry one step's holes into the next and peak RSS stays near what is live. "
+        "No effect elsewhere.")
 
 
 @attrs.frozen(kw_only=True)

@@ -52,7 +52,7 @@ from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
-from grpo_sdk.runtime.allocator import fix_mmap_threshold
+from grpo_sdk.runtime.allocator import fix_mmap_threshold, release_freed_memory
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
@@ -319,6 +319,8 @@ class GRPOTrainer:
             except NonFiniteError as exc:
                 raise NonFiniteError(f"step {self.state.step + 1}: {exc}") from exc
             self.state.step += 1
+            if self.config.cluster.release_freed_memory:
+                release_freed_memory()
             self.state.record_reward(metrics["reward/mean"])
             step = self.state.step
             periodic = grpo.val_period > 0 and step >= grpo.val_start_at and step % grpo.val_period == 0
