@@ -800,7 +800,8 @@ class ClusterConfig:
         validator=v.optional(v.and_(positive, v.le(32 * 1024 * 1024))))
     release_freed_memory: bool = option(
         True, "glibc (Linux): after every step, give the pages the step freed back to the OS (malloc_trim), so "
-        "the heap does not carry one step's holes into the next and peak RSS stays near what is live. "
+        "the heap does not carry one step's holes into the next. In the trainer's process only: with "
+        "cluster.runtime=ray the workers' heaps are their own (cluster.malloc_mmap_threshold reaches them). "
         "No effect elsewhere.")
 
 
