@@ -13,9 +13,10 @@ per block.
 ``MALLOC_MMAP_THRESHOLD_`` in the environment does the same for a whole process tree; this applies it
 from the config, in the trainer's process and in every Ray worker, before the model is built.
 
-Cheaper, and on by default: ``release_freed_memory`` after every step hands back what the step freed
-(``malloc_trim``), so the heap does not carry one step's holes into the next; a step's own peak still
-includes the holes it makes.
+Cheaper, weaker, and on by default: ``release_freed_memory`` after every step
+(``cluster.release_freed_memory``) hands back what the step freed (``malloc_trim``), so the holes do
+not pile up over a run (SmolLM2's recipe, 40 steps: peak 6.3 against 7.1 GB); a step's own holes, made
+while it trains, still count in its peak.
 """
 
 from __future__ import annotations
