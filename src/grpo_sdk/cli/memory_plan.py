@@ -189,8 +189,9 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
                          f"(FSDP2 shards them over cluster.policy_workers={cfg.cluster.policy_workers})")
     lines.extend(lines_after)
     lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading, and "
-                 "freed memory the C allocator keeps (glibc: up to 1.6x this on LoRA runs; "
-                 "MALLOC_MMAP_THRESHOLD_=131072 returns it); measured runs: docs/benchmarks.md#memory-plan")
+                 "freed memory the C allocator keeps (glibc: up to 1.7x this over a long run; "
+                 "cluster.malloc_mmap_threshold=1048576 returns it, at a price in time); measured runs: "
+                 "docs/benchmarks.md#memory-plan")
     return parts, lines
 
 
