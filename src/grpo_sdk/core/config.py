@@ -801,7 +801,7 @@ class ClusterConfig:
     release_freed_memory: bool = option(
         True, "glibc (Linux): after every step, give the pages the step freed back to the OS (malloc_trim), so "
         "the heap does not carry one step's holes into the next: a lower peak over a long run (SmolLM2's recipe, "
-        "40 steps: 6.3 against 7.1 GB), though not below what a step's own holes add (docs/benchmarks.md, "
+        "40 steps: 6,335 against 7,072 MiB), though not below what a step's own holes add (docs/benchmarks.md, "
         "\"Memory plan\"). In the trainer's process only: with "
         "cluster.runtime=ray the workers' heaps are their own (cluster.malloc_mmap_threshold reaches them). "
         "No effect elsewhere.")

@@ -15,7 +15,7 @@ from the config, in the trainer's process and in every Ray worker, before the mo
 
 Cheaper, weaker, and on by default: ``release_freed_memory`` after every step
 (``cluster.release_freed_memory``) hands back what the step freed (``malloc_trim``), so the holes do
-not pile up over a run (SmolLM2's recipe, 40 steps: peak 6.3 against 7.1 GB); a step's own holes, made
+not pile up over a run (SmolLM2's recipe, 40 steps: peak 6,335 against 7,072 MiB); a step's own holes, made
 while it trains, still count in its peak.
 """
 
