@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import _common  # noqa: F401 - one torch thread and the offline hub, before torch is imported
-from real_model import RECIPE, evaluate, without_quantization_config
+from real_model import RECIPE, eval_options, evaluate, without_quantization_config
 
 from grpo_sdk.core.config_loader import load_config
 from grpo_sdk.plugins.registry import Registry
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_dir():
             parser.error(f"{path} is not a directory")
     cfg = load_config([str(args.recipe)], [f"policy.model_name={args.base}"], Registry.discover())
-    options = {"samples": args.samples or cfg.grpo.max_val_samples or 10**9, "batch_size": cfg.grpo.val_batch_size,
-               "max_new_tokens": cfg.policy.generation.max_new_tokens}
+    options = eval_options(argparse.Namespace(eval_samples=args.samples, eval_batch_size=None,
+                                              eval_max_new_tokens=None), cfg)
     with tempfile.TemporaryDirectory(prefix="grpo-heldout-") as tmp:
         base = evaluate(model_dir(args.base, Path(tmp)), cfg, **options)
         runs = {str(run): evaluate(model_dir(run, Path(tmp)), cfg, **options) for run in args.runs}

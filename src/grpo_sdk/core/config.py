@@ -98,6 +98,7 @@ def _ray_gpus(instance: Any, attribute: Any, value: float) -> None:
 MAX_ROWS = 2**20  # rows of one rollout or validation batch, and prompts per step
 MAX_TOKENS = 2**24  # any sequence length
 MAX_THREADS = 4096  # threads or processes one machine runs (torch.set_num_threads takes a C int)
+MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's HEAP_MAX / 2 on 64-bit: mallopt refuses more
 MAX_TIMEOUT_S = 30 * 24 * 3600.0  # a deadline on one call; longer ones overflow some timers and are typos
 
 row_count = [positive, v.le(MAX_ROWS)]
@@ -797,7 +798,7 @@ class ClusterConfig:
         "freed, in the run's process and every worker (mallopt M_MMAP_THRESHOLD, as MALLOC_MMAP_THRESHOLD_ does). "
         "null keeps glibc's own threshold, which rises as blocks are freed and then keeps freed tensors resident: "
         "peak RSS grows step after step past what is live (docs/benchmarks.md, \"Memory plan\"). No effect elsewhere.",
-        validator=v.optional(v.and_(positive, v.le(32 * 1024 * 1024))))
+        validator=v.optional(v.and_(positive, v.le(MAX_MMAP_THRESHOLD))))
     release_freed_memory: bool = option(
         True, "glibc (Linux): after every step, give the pages the step freed back to the OS (malloc_trim), so "
         "the heap does not carry one step's holes into the next: a lower peak over a long run (SmolLM2's recipe, "

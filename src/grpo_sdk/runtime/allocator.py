@@ -27,7 +27,6 @@ import functools
 import sys
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's HEAP_MAX / 2 on 64-bit: mallopt refuses more
 
 
 def fix_mmap_threshold(nbytes: int | None) -> bool:
@@ -37,7 +36,6 @@ def fix_mmap_threshold(nbytes: int | None) -> bool:
     libc = _glibc() if nbytes is not None else None
     if libc is None:
         return False
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return libc.mallopt(M_MMAP_THRESHOLD, int(nbytes)) == 1
 
 
@@ -48,8 +46,9 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt, libc.malloc_trim  # noqa: B018 - AttributeError where the C library lacks them
-    except (OSError, AttributeError):
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    except (OSError, AttributeError):  # AttributeError: a C library without them
         return None
     return libc
 
@@ -60,5 +59,4 @@ def release_freed_memory() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     return libc.malloc_trim(0) == 1
