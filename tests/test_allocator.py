@@ -13,7 +13,7 @@ from conftest import config_problems
 
 PROBE = r"""
 import ctypes, sys
-from grpo_sdk.runtime.allocator import fix_mmap_threshold, release_freed_memory
+from grpo_sdk.runtime.allocator import fix_mmap_threshold, release_freed_memory, while_training
 
 def rss_mib():
     status = open("/proc/self/status").read().split("VmRSS:")[1]
@@ -28,17 +28,36 @@ def block(n):
     ctypes.memset(p, 1, n)  # resident, not just reserved
     return p
 
+def holes():  # MiB left resident after a training step's pattern: a live small block above each freed big one
+    before, live = rss_mib(), []
+    for i in range(8):
+        big = block((8 + i) * MIB)
+        live.append(block(64 * 1024))
+        libc.free(big)
+    return rss_mib() - before
+
 took = fix_mmap_threshold(MIB) if sys.argv[1] == "fixed" else None
 libc.free(block(16 * MIB))  # glibc now raises its threshold to 16 MiB (unless it is fixed)
-before, live = rss_mib(), []
-for i in range(8):  # as a training step frees activations: a live small block lands above each freed big one
-    big = block((8 + i) * MIB)
-    live.append(block(64 * 1024))
-    libc.free(big)
+if sys.argv[1] == "training":  # the trainer's phases: the threshold while training, glibc's ceiling after
+    with while_training(MIB):
+        kept = holes()
+    print(kept, holes())
+    sys.exit()
+before = rss_mib()
+kept = holes()
 if sys.argv[1] == "trim":
     took = release_freed_memory()
-print(took, rss_mib() - before)
+    kept = rss_mib() - before
+print(took, kept)
 """
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
+def test_the_threshold_holds_while_training_and_sampling_reuses_its_blocks():
+    """``while_training``: no holes kept while the policy trains; afterwards a fixed 32 MiB threshold
+    (glibc's own ceiling), under which the sampler's freed blocks stay in the heap to be reused."""
+    training_kept, sampling_kept = kept_mib("training")
+    assert int(training_kept) <= 2 and sampling_kept >= 16
 
 
 def kept_mib(mode: str) -> tuple[str, int]:
@@ -90,3 +109,29 @@ def test_the_trainer_releases_after_every_step_unless_told_not_to(registry, tmp_
     finally:
         trainer.shutdown()
     assert len(released) == calls
+
+
+def test_the_trainer_fixes_the_threshold_around_its_training_phases_only(registry, tmp_path, tiny_model_dir,
+                                                                         monkeypatch):
+    import contextlib
+
+    from conftest import small_trainer
+
+    import grpo_sdk.trainer.trainer as trainer_module
+
+    phases = []
+
+    @contextlib.contextmanager
+    def record(nbytes):
+        phases.append([nbytes, False])
+        yield
+        phases[-1][1] = True  # the phase's body ran to its end inside the context
+
+    monkeypatch.setattr(trainer_module, "while_training", record)
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "cluster.malloc_mmap_threshold=1048576",
+                            "grpo.val_period=0", "grpo.val_at_start=false", "grpo.val_at_end=false")
+    try:
+        trainer.train()
+    finally:
+        trainer.shutdown()
+    assert phases == [[1048576, True]] * 4  # 2 steps x (logprob passes, training)

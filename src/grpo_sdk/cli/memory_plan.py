@@ -213,10 +213,14 @@ def _states(cfg: Any, params: int, shape: ModelShape | None, teacher: ModelSize 
                                   "(weight, gradient, 2 AdamW moments) x 4 B" if shape is not None
                                   else "not counted: the model's shape is unknown")
     else:
-        parts["gradients"], parts["adamw_moments"] = params * width, params * ADAM_MOMENT_BYTES
+        halved = policy.optimizer.moments_dtype == "bfloat16"
+        parts["gradients"] = params * width
+        parts["adamw_moments"] = params * ADAM_MOMENT_BYTES // (2 if halved else 1)
         notes["gradients"] = f"{params:,} x {width} B, kept until the next step trains"
-        notes["adamw_moments"] = f"2 x {params:,} x 4 B (fp32" + (
-            "; a backend that keeps them in the parameter dtype needs less)" if width < 4 else ")")
+        notes["adamw_moments"] = (f"2 x {params:,} x 2 B (bfloat16: policy.optimizer.moments_dtype)" if halved else
+                                  f"2 x {params:,} x 4 B (fp32" + (
+                                      "; a backend that keeps them in the parameter dtype needs less)" if width < 4
+                                      else ")"))
     kl = cfg.loss_fn.reference_policy_kl_penalty
     if kl > 0 and lora:
         notes["weights"] += "; also the reference for the KL penalty (LoRA: the base with the adapters off, no copy)"

@@ -323,8 +323,8 @@ def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
     if cfg.policy.lora.enabled:
         line += "; each the LoRA adapters (policy.lora) and their optimizer state only, not the model"
     elif model.params is not None:
-        size = model.params * DTYPE_BYTES[cfg.policy.precision] + (model.params * ADAM_MOMENT_BYTES
-                                                                   if ckpt.save_optimizer else 0)
+        moments = model.params * ADAM_MOMENT_BYTES // (2 if cfg.policy.optimizer.moments_dtype == "bfloat16" else 1)
+        size = model.params * DTYPE_BYTES[cfg.policy.precision] + (moments if ckpt.save_optimizer else 0)
         line += f"; each about {human_bytes(size)}" + (" with the optimizer state" if ckpt.save_optimizer else "")
     if ckpt.checkpoint_must_save_by:
         line += f"; saves and stops before {ckpt.checkpoint_must_save_by} (checkpointing.checkpoint_must_save_by)"

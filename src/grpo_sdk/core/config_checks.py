@@ -601,6 +601,19 @@ def check_lora(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str
     return problems
 
 
+def check_optimizer(cfg: C.MasterConfig) -> list[tuple[str, str]]:
+    """bfloat16 AdamW moments are the hf policy's own optimizer, over plain (unsharded) tensors."""
+    if cfg.policy.optimizer.moments_dtype == "float32":
+        return []
+    if cfg.policy.backend != "hf":
+        return [("policy.optimizer.moments_dtype", f"bfloat16 moments are implemented by policy.backend=hf only, "
+                 f"not {cfg.policy.backend!r}: use float32")]
+    if cfg.cluster.runtime == "ray" and cfg.cluster.policy_workers > 1:
+        return [("policy.optimizer.moments_dtype", f"bfloat16 moments need one policy rank (FSDP2 shards the "
+                 f"optimizer state as DTensors), not cluster.policy_workers={cfg.cluster.policy_workers}: use float32")]
+    return []
+
+
 def check_weight_sync(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, str]]:
     """A transport that declares ``ray_workers`` (it runs code in the Ray workers) needs
     cluster.runtime=ray, except the built-in ``collective`` with a generation engine that receives
@@ -676,5 +689,6 @@ def check_config(cfg: C.MasterConfig, registry: Any = None) -> list[tuple[str, s
             + check_reward_penalties(cfg)
             + check_lifecycle(cfg, registry) + check_metrics(cfg, registry)[0] + check_runtime(cfg, registry)
             + check_weight_sync(cfg, registry) + check_policy_batching(cfg, registry) + check_lora(cfg, registry)
+            + check_optimizer(cfg)
             + check_async(cfg, registry) + check_episodes(cfg, registry)
             + check_components(cfg, registry))

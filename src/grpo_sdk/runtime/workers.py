@@ -146,7 +146,8 @@ class ComponentWorker:
         cluster = spec.context.config.cluster
         if cluster.num_threads:
             torch.set_num_threads(cluster.num_threads)
-        fix_mmap_threshold(cluster.malloc_mmap_threshold)
+        if spec.kind == "policy":  # it only trains; a sampler pays for mapping every block (allocator.py)
+            fix_mmap_threshold(cluster.malloc_mmap_threshold)
         # As the loop seeds the driver before it builds anything: a component that draws from the
         # global RNGs while it is built draws the same numbers in a worker.
         random.seed(spec.context.config.grpo.seed)

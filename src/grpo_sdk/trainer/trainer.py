@@ -52,7 +52,7 @@ from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
 from grpo_sdk.runtime import make_runtime
-from grpo_sdk.runtime.allocator import fix_mmap_threshold, release_freed_memory
+from grpo_sdk.runtime.allocator import release_freed_memory, while_training
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
 from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
@@ -149,7 +149,6 @@ class GRPOTrainer:
         cfg = self.config
         if cfg.cluster.num_threads:
             torch.set_num_threads(cfg.cluster.num_threads)
-        fix_mmap_threshold(cfg.cluster.malloc_mmap_threshold)
         random.seed(cfg.grpo.seed)
         torch.manual_seed(cfg.grpo.seed)
         model_path = self._prepare_run_dir()
@@ -381,11 +380,12 @@ class GRPOTrainer:
         batch = rollouts.to_train_batch(sample_mask)
 
         tick = time.perf_counter()
-        if parts.needs_prev_logprobs:
-            batch.prev_logprobs = parts.policy.logprobs(batch)
-        if parts.context.needs_reference:
-            batch.reference_logprobs = parts.policy.reference_logprobs(batch)
-        teacher_logprobs = parts.teacher.logprobs(batch) if parts.teacher is not None else None
+        with while_training(cfg.cluster.malloc_mmap_threshold):
+            if parts.needs_prev_logprobs:
+                batch.prev_logprobs = parts.policy.logprobs(batch)
+            if parts.context.needs_reference:
+                batch.reference_logprobs = parts.policy.reference_logprobs(batch)
+            teacher_logprobs = parts.teacher.logprobs(batch) if parts.teacher is not None else None
         timings["logprobs"] = time.perf_counter() - tick
 
         if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
@@ -413,7 +413,8 @@ class GRPOTrainer:
                             "advantages/max": float(response_advantages.max())})
 
         tick = time.perf_counter()
-        metrics.update(parts.policy.train(batch, parts.loss_fn))
+        with while_training(cfg.cluster.malloc_mmap_threshold):
+            metrics.update(parts.policy.train(batch, parts.loss_fn))
         timings["train"] = time.perf_counter() - tick
         if cfg.logger.dump_train_data:
             dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", rollouts, batch)

@@ -35,6 +35,7 @@ from grpo_sdk.backends.hf import distributed, lora
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.forward import sequence_logprobs
 from grpo_sdk.backends.hf.loading import autocast_context, enable_activation_checkpointing, load_model
+from grpo_sdk.backends.hf.optimizer import AdamWBFloat16Moments
 from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, select_rows, spans
 from grpo_sdk.plugins import (LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch,
                               ZeroGradientRows)
@@ -53,13 +54,16 @@ def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str, 
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> tuple[torch.optim.AdamW, Any]:
+def make_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over ``params`` and its LR schedule, from ``policy.optimizer`` and ``policy.scheduler``
     (the schedule counts optimizer steps: several per GRPO step with train_global_batch_size)."""
     opt, sched = cfg.policy.optimizer, cfg.policy.scheduler
-    # The fused kernel (CPU and CUDA) is ~2.5x faster than the per-tensor loop on small models.
-    optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                  weight_decay=opt.weight_decay, fused=True)
+    if opt.moments_dtype == "bfloat16":
+        optimizer = AdamWBFloat16Moments(params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                         weight_decay=opt.weight_decay, seed=cfg.grpo.seed)
+    else:  # the fused kernel (CPU and CUDA) is ~2.5x faster than the per-tensor loop on small models
+        optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                      weight_decay=opt.weight_decay, fused=True)
     rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     total_steps = cfg.grpo.max_num_steps * (rows // (cfg.policy.train_global_batch_size or rows))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(
