@@ -190,7 +190,7 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
     lines.extend(lines_after)
     lines.append("not counted: the environment's own memory (a reward model, worker processes), data loading, and "
                  "freed memory the C allocator keeps (glibc: up to 1.7x this over a long run; "
-                 "cluster.malloc_mmap_threshold=1048576 returns it, at a price in time); measured runs: "
+                 "cluster.malloc_mmap_threshold=1048576 returns it, at ~1.1x the step time); measured runs: "
                  "docs/benchmarks.md#memory-plan")
     return parts, lines
 
