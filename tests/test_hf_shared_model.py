@@ -291,3 +291,41 @@ def test_sampling_casts_the_linear_weights_once_and_samples_exactly_what_autocas
     per_step = gen.generate(inputs, sampling)
     assert torch.equal(cast_once.response_ids, per_step.response_ids)
     assert torch.equal(cast_once.logprobs, per_step.logprobs)
+
+
+def test_a_shared_lora_policy_samples_with_its_adapters_folded_into_the_casts(registry, tmp_path):
+    """bf16 autocast + LoRA: the sampler runs each adapted Linear as one cast of W + s * B @ A with peft's
+    adapters off (not base + A + B per layer), and its logprobs are the trained policy's, not the base's;
+    the adapters are on again for training afterwards. (A Llama: GPT-2's Conv1D layers are not folded.)"""
+    pytest.importorskip("peft")
+    from grpo_sdk.backends.hf.lora import lora_layers
+    from grpo_sdk.core.models import load_tokenizer
+    from test_fsdp import build_tiny_llama
+
+    model_dir = build_tiny_llama(tmp_path / "llama")
+    context = make_context(model_dir, tmp_path, registry, "policy.lora.enabled=true", "policy.lora.rank=8",
+                           "policy.hf.autocast=bfloat16", "policy.optimizer.lr=0.02")
+    policy = HFPolicy(plugin_config(context.config.policy), context)
+    gen = HFGeneration(None, context)
+    assert gen.shares_policy_model
+    inputs = prompt_batch(load_tokenizer(str(model_dir)), ["12>", "345>", "6789>", "0>"] * 4)
+    sampling = SamplingParams(max_new_tokens=6)
+    batch = train_batch(inputs, gen.generate(inputs, sampling))
+    batch.advantages = torch.linspace(-1, 1, 16)[:, None].expand_as(batch.token_mask).contiguous()
+    for _ in range(4):  # B moves off zero: the adapters now change the logprobs
+        policy.train(batch, ClippedPGLoss(context.config.loss_fn))
+
+    calls = []
+    hooks = [layer.lora_A["default"].register_forward_hook(lambda *_: calls.append(1))
+             for layer in lora_layers(policy.model).values()]
+    sampled = train_batch(inputs, gen.generate(inputs, sampling))
+    assert calls == []  # no adapter pass while sampling: folded
+    trained = policy.logprobs(sampled)
+    assert calls  # the policy's own forward runs the adapters again
+    for hook in hooks:
+        hook.remove()
+    base = policy.reference_logprobs(sampled)
+    mask, sampler = sampled.token_mask > 0, sampled.generation_logprobs  # [B, T], aligned with the tokens
+    assert trained.shape == sampler.shape
+    to_trained, to_base = (sampler - trained)[mask].abs().max(), (sampler - base)[mask].abs().max()
+    assert to_trained < 0.02 and to_base > 5 * to_trained, (float(to_trained), float(to_base))

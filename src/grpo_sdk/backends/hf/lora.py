@@ -141,14 +141,32 @@ def merged_weights(named: Iterable[tuple[str, torch.Tensor]], layers: dict[str, 
         parts[leaf] = tensor
         if len(parts) == 3:
             del pending[owner]
-            layer = layers[owner]
-            a, b, weight = parts["lora_A"].float(), parts["lora_B"].float(), parts["weight"]
-            # One fused W + s * B @ A into a new tensor (in float32: bf16 would round the small update
-            # away); a Conv1D weight is stored transposed (in x out): W + s * A^T @ B^T.
-            factors = (a.T, b.T) if layer.fan_in_fan_out else (b, a)
-            yield f"{owner}.weight", torch.addmm(weight.float(), *factors, alpha=layer.scaling[ADAPTER]).to(weight.dtype)
+            yield f"{owner}.weight", fold(layers[owner], parts["weight"], parts["lora_A"], parts["lora_B"])
     if pending:
         raise RuntimeError(f"LoRA layers {sorted(pending)} came without their base weight, A or B")
+
+
+def fold(layer: Any, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``W + s * B @ A`` of one LoRA ``layer`` as a new tensor in ``dtype`` (default: the weight's),
+    summed in float32: bf16 would round the small update away. A Conv1D weight is stored transposed
+    (in x out): ``W + s * A^T @ B^T``."""
+    a, b = a.float(), b.float()
+    factors = (a.T, b.T) if layer.fan_in_fan_out else (b, a)
+    return torch.addmm(weight.float(), *factors, alpha=layer.scaling[ADAPTER]).to(dtype or weight.dtype)
+
+
+def folded_casts(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+    """``{name: weight in dtype}`` of every adapted layer's base Linear with its adapter folded in:
+    what a sampler runs with the adapters disabled, instead of peft's base + A + B per layer. None when
+    an adapted layer is not a Linear (GPT-2's Conv1D): its cast would not be autocast's, so nothing is
+    folded and the adapters run as peft runs them."""
+    layers = lora_layers(model)
+    if not all(isinstance(layer.base_layer, torch.nn.Linear) for layer in layers.values()):
+        return None
+    return {f"{name}.base_layer.weight": fold(layer, layer.base_layer.weight, layer.lora_A[ADAPTER].weight,
+                                              layer.lora_B[ADAPTER].weight, dtype)
+            for name, layer in layers.items()}
 
 
 def is_adapter_name(name: str) -> bool:
