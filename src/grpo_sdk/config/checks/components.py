@@ -14,6 +14,7 @@ from grpo_sdk.core.imports import import_target
 
 
 def capabilities_of(registry: Any, kind: str, name: str) -> frozenset[Capability]:
+    """What the ``kind`` component ``name`` declares in its spec; none without a registry or a spec."""
     info = registry.info(kind, name) if registry is not None else None
     return info.spec.capabilities if info is not None and info.spec is not None else frozenset()
 
