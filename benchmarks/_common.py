@@ -147,7 +147,7 @@ def build_sdk(model_dir: Path, work: Path, *, name: str, steps: int, prompts: in
     """grpo-sdk's GRPOTrainer on the model, set up; ``overrides`` are `key=value` as on `grpoctl run`."""
     import yaml
 
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins import ComponentSpec, hookimpl
     from grpo_sdk.plugins.host import PluginHost
     from grpo_sdk.plugins.registry import Registry

@@ -51,7 +51,7 @@ def main() -> int:
 
     import torch
 
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.environments.calculator import CalculatorEnvironment
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.plugins.tools import Tool

@@ -171,8 +171,8 @@ class FakeEngine:
 class Bench:
     def __init__(self, work: Path, rollouts: int):
         from grpo_sdk.backends.hf.generation import HFGeneration
-        from grpo_sdk.core.config_loader import load_config
-        from grpo_sdk.core.context import RunContext
+        from grpo_sdk.config.loading import load_config
+        from grpo_sdk.config.context import RunContext
         from grpo_sdk.core.models import load_tokenizer
         from grpo_sdk.core.records import SamplingParams
         from grpo_sdk.environments.agent_harness import AgentHarness

@@ -29,7 +29,7 @@ from pathlib import Path
 import _common  # noqa: F401 - one torch thread and the offline hub, before torch is imported
 from real_model import RECIPE, eval_options, evaluate, without_quantization_config
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins.registry import Registry
 
 

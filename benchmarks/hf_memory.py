@@ -49,7 +49,7 @@ def build_model(out: Path, tiny: bool) -> Path:
 
 
 def child_share(model: str, share: str, run_dir: str) -> dict:
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
@@ -72,8 +72,8 @@ def child_train(model: str, variant: str, rows: int, tokens: int) -> dict:
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.backends.hf.config import HFPolicyConfig
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.records import TrainBatch
     from grpo_sdk.plugins.registry import Registry
 

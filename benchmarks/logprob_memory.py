@@ -143,8 +143,8 @@ def padding_time(repeats: int) -> None:
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.records import TrainBatch
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.recipes.tiny_model import build_tiny_gpt2

@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # must precede `import torch`
 import torch  # noqa: E402
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss  # noqa: E402
-from grpo_sdk.core.config import LossConfig  # noqa: E402
+from grpo_sdk.config.schema import LossConfig  # noqa: E402
 from grpo_sdk.core.records import TrainBatch  # noqa: E402
 from grpo_sdk.estimators.grpo import GRPOEstimator  # noqa: E402
 

@@ -100,7 +100,7 @@ def measure_baseline() -> dict:
 def estimate(overrides: list[str]) -> dict:
     from grpo_sdk.cli.plan import make_plan
     from grpo_sdk.cli.preflight import preflight
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
 
     registry = Registry.discover()

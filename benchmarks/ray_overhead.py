@@ -67,7 +67,7 @@ def start_ray(variants: dict[str, list[str]]) -> None:
 
 
 def build(name: str, overrides: list[str], work: Path, steps: int):
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.trainer.trainer import GRPOTrainer
     from grpo_sdk.plugins.registry import Registry
 

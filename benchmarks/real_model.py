@@ -101,7 +101,7 @@ def sdk_overrides(args: argparse.Namespace, seed: int | None, max_steps: int) ->
 
 
 def resolve(args: argparse.Namespace, seed: int | None, max_steps: int) -> Any:
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
 
     return load_config([str(args.recipe)], sdk_overrides(args, seed, max_steps), Registry.discover())
@@ -109,7 +109,7 @@ def resolve(args: argparse.Namespace, seed: int | None, max_steps: int) -> Any:
 
 def trl_settings(cfg: Any) -> tuple[dict[str, Any], list[str]]:
     """``(GRPOConfig keyword arguments, what differs)`` for the resolved grpo-sdk config ``cfg``."""
-    from grpo_sdk.core.config import plugin_config
+    from grpo_sdk.config.schema import plugin_config
 
     grpo, loss, policy, gen = cfg.grpo, cfg.loss_fn, cfg.policy, cfg.policy.generation
     hf, estimator = plugin_config(policy), plugin_config(grpo.adv_estimator)
@@ -182,7 +182,7 @@ def read_rows(path: str | Path) -> list[dict]:
 
 
 def math_config(cfg: Any) -> Any:
-    from grpo_sdk.core.config import plugin_config
+    from grpo_sdk.config.schema import plugin_config
 
     if cfg.env.name != "math":
         raise SystemExit(f"error: the recipe's env.name is {cfg.env.name!r}; this benchmark scores with 'math'")

@@ -38,7 +38,7 @@ SETUPS = {
 
 
 def trainer(model_dir: Path, run_dir: Path, overrides: list[str]):
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.trainer.trainer import GRPOTrainer
     from grpo_sdk.plugins.registry import Registry
 
@@ -129,8 +129,8 @@ def generation_only(args: argparse.Namespace) -> None:
     """Seconds per generate() call of the hf and vLLM backends on one batch, alternating."""
     import time
 
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import SamplingParams
     from grpo_sdk.plugins.registry import Registry

@@ -1,7 +1,7 @@
 """Generate the reference pages of the documentation site from the code.
 
 * ``reference/config.md``: every config key with its type, default and help text, from the
-  ``metadata["help"]`` of the attrs fields in ``grpo_sdk.core.config`` and of the built-in
+  ``metadata["help"]`` of the attrs fields in ``grpo_sdk.config.schema`` and of the built-in
   plugins' config classes (the rows ``grpoctl config schema`` prints, grouped by section).
 * ``reference/cli.md``: the ``--help`` of every ``grpoctl`` command, from the Typer app.
 
@@ -109,7 +109,7 @@ class _Section:
 
 def _slot_of(section_path: str) -> Any:
     """The PluginSlot of the config section at ``section_path`` (``policy.generation``), or None."""
-    from grpo_sdk.core import config as C
+    from grpo_sdk.config import schema as C
 
     cls: Any = C.MasterConfig
     for part in section_path.split("."):
@@ -121,7 +121,7 @@ def _slot_of(section_path: str) -> Any:
 
 def config_rows(registry: Any) -> list[tuple[str, str, str, str]]:
     from grpo_sdk.cli.config_cmd import schema_rows
-    from grpo_sdk.core.config import MasterConfig
+    from grpo_sdk.config.schema import MasterConfig
 
     return schema_rows(MasterConfig, "", registry)
 
@@ -141,7 +141,7 @@ def config_reference(registry: Any | None = None) -> str:
         "# Config reference",
         "",
         "Every key of a run config: its type, its default and what it does. This page is generated",
-        "from the field documentation in the code (`grpo_sdk.core.config` and the config classes of the",
+        "from the field documentation in the code (`grpo_sdk.config.schema` and the config classes of the",
         "built-in plugins), the same text `grpoctl config schema [SECTION]` prints. A config is",
         "defaults < `-c` files < dotted overrides; see [Concepts](../concepts.md#configuration).",
         "",

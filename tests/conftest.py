@@ -194,7 +194,7 @@ def tiny_model_dir(tmp_path_factory):
 
 def config_problems(registry, *overrides: str) -> dict[str, str]:
     """Key -> every message a config load reports about it, joined (the load must fail)."""
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
@@ -233,8 +233,8 @@ def response_rows(out):
 
 def tiny_run_context(model_dir, registry, **fields):
     """The ``RunContext`` a backend gets for the tiny model, on the CPU, seed 0 (``fields`` override)."""
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     cfg = load_config(None, [f"policy.model_name={model_dir}"], registry)
     return RunContext(**{"config": cfg, "run_dir": model_dir, "model_path": str(model_dir),
@@ -276,7 +276,7 @@ def train_batch(inputs, out):
 
 def small_trainer(registry, run_dir, model_dir, *overrides):
     """A set-up GRPOTrainer on the built-in recipe with a local model and 4 x 4 rollouts."""
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", "grpo.num_prompts_per_step=4",

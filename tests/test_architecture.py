@@ -1,7 +1,8 @@
 """The package layering the architecture promises, checked on the source (no imports run).
 
-``grpo_sdk.core`` is the contract layer (protocols, records, config, errors): it imports nothing
-else of grpo-sdk, and no two packages import each other (directly or through others).
+``grpo_sdk.core`` is the contract layer (protocols, records, errors, kinds, capabilities): it imports
+nothing else of grpo-sdk. ``grpo_sdk.config`` (schema, loading, checks, run context) sits on it and
+imports nothing else, and no two packages import each other (directly or through others).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "grpo_sdk"
 
 
 def package_of(module: str) -> str:
-    """``grpo_sdk.core.config`` -> ``core``; a top-level module (``grpo_sdk.x``) is its own
+    """``grpo_sdk.config.schema`` -> ``config``; a top-level module (``grpo_sdk.x``) is its own
     node, and ``grpo_sdk`` itself (``__version__``) is ``(root)``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "(root)"
@@ -80,6 +81,14 @@ def test_core_imports_nothing_else_of_grpo_sdk():
         line for where in out_of_core.values() for line in where)
 
 
+def test_config_imports_only_the_contract():
+    """The config package is read by `grpoctl config validate` before anything is built: it knows
+    the contract (``core``) and nothing above it (no plugin, backend or trainer module)."""
+    outside = {k: v for k, v in package_edges().items() if k[0] == "config" and k[1] != "core"}
+    assert not outside, "grpo_sdk.config may import only grpo_sdk.core; it imports:\n" + "\n".join(
+        line for where in outside.values() for line in where)
+
+
 def test_no_cycle_between_packages():
     edges = package_edges()
     found = cycles(edges)
@@ -92,8 +101,9 @@ def test_no_cycle_between_packages():
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     # The checks above are only as good as the walker: it must see imports inside functions.
-    path = SRC / "core" / "config_loader.py"
-    assert any(target.startswith("grpo_sdk.core") for _, target in imports_of(path))
+    path = SRC / "config" / "loading.py"
+    assert any(target.startswith("grpo_sdk.config.") for _, target in imports_of(path))
+    assert any(target.startswith("grpo_sdk.core.") for _, target in imports_of(path))
     assert imports_of(SRC / "cli" / "run_cmd.py"), "run_cmd imports grpo_sdk modules, lazily too"
 
 
@@ -126,7 +136,7 @@ def test_the_kinds_table_is_the_only_list_of_kinds():
     import attrs
 
     from grpo_sdk.cli import scaffold
-    from grpo_sdk.core import config as C
+    from grpo_sdk.config import schema as C
     from grpo_sdk.core.kinds import COMPONENT_KINDS
     from grpo_sdk.plugins import KINDS
     from grpo_sdk.plugins.registry import KIND_LABELS

@@ -16,10 +16,11 @@ import pytest
 import yaml
 
 from conftest import config_problems, run_grpoctl
-from grpo_sdk.core import config as C
+from grpo_sdk.config import schema as C
 from grpo_sdk.core.capabilities import Capability
-from grpo_sdk.core.config_checks import check_components, check_config, config_warnings
-from grpo_sdk.core.config_loader import dump_config, load_config, structurer_for, to_yaml
+from grpo_sdk.config.checks import check_config, config_warnings
+from grpo_sdk.config.checks.components import check_components
+from grpo_sdk.config.loading import dump_config, load_config, structurer_for, to_yaml
 from grpo_sdk.plugins import ComponentSpec
 
 ROOT = Path(__file__).resolve().parents[1]

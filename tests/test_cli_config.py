@@ -19,8 +19,8 @@ import yaml
 
 import grpo_sdk
 from grpo_sdk.cli.common import STATE
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_loader import dump_config, load_config
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.loading import dump_config, load_config
 from grpo_sdk.plugins.host import PluginHost
 from grpo_sdk.plugins.registry import Registry
 from conftest import grpoctl_env, run_grpoctl

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import config_problems
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_loader import BUILTIN_RECIPE, check_config, dump_config, load_config, to_yaml
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.loading import BUILTIN_RECIPE, check_config, dump_config, load_config, to_yaml
 from grpo_sdk.core.errors import ConfigError, ExitCode, PluginError
 from grpo_sdk.environments.specs import ReverseDigitsConfig
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
@@ -462,7 +462,7 @@ def test_an_old_resolved_config_with_removed_keys_still_loads(registry, tmp_path
     assert "skip_reference_policy_logprobs_calculation" not in dump_config(cfg)["grpo"]
     assert caplog.records == []
     # A plugin's config class declares its removed keys the same way: dropped there too.
-    from grpo_sdk.core.config_loader import Structurer
+    from grpo_sdk.config.loading import Structurer
 
     assert Structurer(registry).structure({"legacy": False}, PluginOptions) == PluginOptions()
 
@@ -485,7 +485,7 @@ def test_a_removed_key_at_another_inert_value_loads_with_a_warning(registry, cap
 
 
 def test_a_removed_key_at_a_value_that_did_something_is_an_error(registry):
-    from grpo_sdk.core.config_loader import Structurer
+    from grpo_sdk.config.loading import Structurer
 
     with pytest.raises(ConfigError) as info:
         Structurer(registry).structure({"legacy": True, "enforce_eager": 3}, PluginOptions)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from conftest import config_problems
 
 
@@ -173,7 +173,7 @@ def test_a_local_model_directory_bounds_the_context_and_the_token_ids(registry, 
 
 
 def test_context_follows_text_config_and_rope_scaling(tmp_path):
-    from grpo_sdk.core.config_checks import context_length, model_facts
+    from grpo_sdk.config.checks.model import context_length, model_facts
 
     model = write_model(tmp_path, text_config={"vocab_size": 10, "max_position_embeddings": 4096})
     assert model_facts(model)[1]["max_position_embeddings"] == 4096
@@ -221,9 +221,9 @@ def test_declared_environment_metrics_make_unknown_names_errors(registry, caplog
 
 
 def test_a_batch_larger_than_this_machine_is_a_warning(registry, caplog, monkeypatch):
-    from grpo_sdk.core import config_checks
+    from grpo_sdk.config.checks import model
 
-    monkeypatch.setattr(config_checks, "_physical_memory", lambda: 2**26)
+    monkeypatch.setattr(model, "_physical_memory", lambda: 2**26)
     load_config(None, ["grpo.num_prompts_per_step=4096", "grpo.num_generations_per_prompt=16"], registry)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == ["grpo-sdk: warning: grpo.num_prompts_per_step: the rollout batch of 65,536 rows x "

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from grpo_sdk.core import config as C
+from grpo_sdk.config import schema as C
 from grpo_sdk.trainer import data as D
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment

@@ -8,8 +8,8 @@ import torch
 from conftest import config_problems
 from grpo_sdk.algorithms.effort_levels import apply_effort_levels, shape
 from grpo_sdk.algorithms.rewards import RolloutRewardChanges
-from grpo_sdk.core.config import EffortLevelsConfig
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.schema import EffortLevelsConfig
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.records import Message
 
 ON = EffortLevelsConfig(low_weight=0.5, low_penalty=2.0, low_ub=100, low_string="low-effort")

@@ -14,7 +14,7 @@ import pytest
 from engine_servers.base import start_server
 from ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins.toolkit import HTTPClient
 from grpo_sdk.weight_sync.collective import CollectiveWeightSync
 from grpo_sdk.weight_sync.specs import CollectiveWeightSyncConfig

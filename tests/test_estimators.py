@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_sdk.algorithms.loss import calculate_kl
-from grpo_sdk.core.config import LossConfig
+from grpo_sdk.config.schema import LossConfig
 from grpo_sdk.estimators.gdpo import GDPOEstimator
 from grpo_sdk.estimators.grpo import GRPOEstimator
 from grpo_sdk.estimators.opd import OPDEstimator, pad_teacher_logprobs

@@ -51,8 +51,8 @@ def build_tiny_llama(out_dir: Path) -> Path:
 def make_policy(model_dir: Path, name: str, rank: int = 0, world: int = 1):
     from grpo_sdk.backends.hf.config import HFPolicyConfig
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", f"policy.train_micro_batch_size={MODELS[name]['micro']}",

@@ -304,7 +304,7 @@ def test_the_plan_counts_a_gguf_file_without_torch(tmp_path, tiny_gguf):
 
 def test_the_plan_reads_a_converted_file_from_its_directory(tiny_gguf, cache):
     from grpo_sdk.cli.model_size import model_size
-    from grpo_sdk.core.config_checks import model_facts
+    from grpo_sdk.config.checks.model import model_facts
     from grpo_sdk.core.models import resolve_model_source
 
     assert model_facts(str(tiny_gguf)) is None  # not converted yet: unknown to the config checks

@@ -8,8 +8,8 @@ import torch
 
 from grpo_sdk.backends.hf.generation import HFGeneration
 from grpo_sdk.backends.hf.policy import HFPolicy, lr_lambda
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.loading import load_config
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.records import SamplingParams, TrainBatch
 from grpo_sdk.weight_sync.inprocess import InProcessWeightSync
 from conftest import prompt_batch, train_batch

@@ -16,8 +16,8 @@ import torch
 from conftest import prompt_batch
 from grpo_sdk.backends.hf.generation import HFGeneration
 from grpo_sdk.backends.hf.forward import position_ids_for, sequence_logprobs
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.loading import load_config
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.records import GenerationOutput, SamplingParams
 from grpo_sdk.plugins import AsyncGeneration, GrpoSdkError, PausesForRefit
 from grpo_sdk.plugins.tensors import process_logits

@@ -199,8 +199,8 @@ def test_policy_training_is_the_same_with_any_chunk_size(tiny_model_dir, registr
     """Two optimizer steps with a KL term under top-k: the weights after them do not depend on the chunking."""
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.records import TrainBatch
 
     results = []
@@ -234,8 +234,8 @@ def test_policy_training_is_the_same_with_any_chunk_size(tiny_model_dir, registr
 def test_logprob_chunk_size_is_checked_and_refused_by_a_backend_without_it(registry, cli):
     import attrs
 
-    from grpo_sdk.core.config_checks import check_policy_batching
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.checks.policy import check_policy_batching
+    from grpo_sdk.config.loading import load_config
 
     assert "policy.logprob_chunk_size" in config_problems(registry, "policy.logprob_chunk_size=0")
     cfg = load_config(None, ["policy.logprob_chunk_size=64"], registry)

@@ -9,9 +9,9 @@ import torch
 from grpo_sdk.backends.hf.config import HFGenerationConfig, shares_policy_model
 from grpo_sdk.backends.hf.generation import HFGeneration
 from grpo_sdk.backends.hf.policy import HFPolicy
-from grpo_sdk.core.config import plugin_config
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.schema import plugin_config
+from grpo_sdk.config.loading import load_config
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.records import SamplingParams
 from grpo_sdk.algorithms.loss import ClippedPGLoss
 from grpo_sdk.weight_sync.inprocess import InProcessWeightSync

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.errors import ConfigError, PluginError
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 from grpo_sdk.plugins.host import PluginHost

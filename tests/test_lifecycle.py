@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from grpo_sdk.trainer.checkpoint import STATUS_FILE, CheckpointManager
-from grpo_sdk.core.config import CheckpointingConfig
+from grpo_sdk.config.schema import CheckpointingConfig
 from conftest import grpoctl_env, run_grpoctl
 from faults.campaign import final_weights, metrics_of
 

@@ -19,8 +19,8 @@ import pytest
 
 from grpo_sdk.cli.app import main
 from grpo_sdk.cli.common import STATE
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.loading import load_config
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.errors import PluginError
 from grpo_sdk.plugins.registry import Registry
 from conftest import run_grpoctl

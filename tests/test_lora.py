@@ -29,8 +29,8 @@ def make_policy(model_dir: Path, name: str = "gpt2", rank: int = 0, world: int =
                 overrides: tuple[str, ...] = ()):
     from grpo_sdk.backends.hf.config import HFPolicyConfig
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", f"policy.train_micro_batch_size={MODELS[name]['micro']}",
@@ -148,8 +148,8 @@ def test_adapter_sync_is_allowed_only_with_a_backend_that_loads_adapters():
     import attrs
 
     from grpo_sdk.backends.vllm.config import VLLMConfig, check_options
-    from grpo_sdk.core.config_checks import check_lora
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.checks.policy import check_lora
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
 
     registry = Registry.discover()
@@ -275,7 +275,7 @@ def test_dropout_acts_in_the_training_forward_only(gpt2):
 
 def test_the_run_plan_counts_no_reference_copy_and_no_full_gradients_with_lora():
     from grpo_sdk.cli.plan import make_plan
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
 
     registry = Registry.discover()
@@ -292,7 +292,7 @@ def test_the_run_plan_counts_no_reference_copy_and_no_full_gradients_with_lora()
 
 def test_missing_peft_is_a_plugin_error_with_the_install_line(monkeypatch):
     from grpo_sdk.backends.hf.config import HFPolicyConfig, check_policy
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, ["policy.lora.enabled=true"], Registry.discover())
@@ -333,8 +333,8 @@ def test_lora_with_the_megatron_policy_is_refused_naming_the_key():
     # In process: `config validate` with megatron here stops earlier, at megatron-core not installed (exit 3).
     import attrs
 
-    from grpo_sdk.core.config_checks import check_config
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.checks import check_config
+    from grpo_sdk.config.loading import load_config
 
     from grpo_sdk.plugins.registry import Registry
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss, calculate_kl, check_loss_config, masked_mean
-from grpo_sdk.core.config import LossConfig
+from grpo_sdk.config.schema import LossConfig
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.records import TrainBatch
 
@@ -657,8 +657,8 @@ def test_a_disabled_in_loss_filter_keeps_the_plain_loss(threshold, force):
 
 def _policy(model_dir, micro, token_level=True, kl=0.0):
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.train_micro_batch_size={micro}", "grpo.num_prompts_per_step=2",

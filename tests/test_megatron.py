@@ -146,8 +146,8 @@ def llama_dir(tmp_path_factory):
 
 
 def _context(model_dir, registry, *overrides, kl=0.0):
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", f"loss_fn.reference_policy_kl_penalty={kl}",
                              *POLICY_OVERRIDES, *overrides], registry)

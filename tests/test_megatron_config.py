@@ -14,9 +14,9 @@ import pytest
 
 from grpo_sdk.backends.megatron import spec as S
 from grpo_sdk.backends.megatron.config import MegatronPolicyConfig
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_checks import check_components
-from grpo_sdk.core.config_loader import Structurer, load_config
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.checks.components import check_components
+from grpo_sdk.config.loading import Structurer, load_config
 from grpo_sdk.core.errors import ConfigError
 
 from conftest import run_grpoctl

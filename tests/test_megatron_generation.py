@@ -49,8 +49,8 @@ def model_dir(tmp_path_factory):
 
 
 def _context(model_dir, registry, *overrides, run_dir=None):
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", *OVERRIDES, *overrides], registry)
     return RunContext(config=cfg, run_dir=run_dir or model_dir, model_path=model_dir, tokenizer_path=model_dir,

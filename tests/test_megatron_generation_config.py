@@ -14,8 +14,8 @@ import pytest
 
 from grpo_sdk.backends.megatron import colocated
 from grpo_sdk.backends.megatron.config import MegatronPolicyConfig
-from grpo_sdk.core.config_checks import check_components
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.checks.components import check_components
+from grpo_sdk.config.loading import load_config
 
 LLAMA = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
          "max_position_embeddings": 2048, "vocab_size": 128}

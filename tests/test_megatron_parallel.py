@@ -97,8 +97,8 @@ def _batch(model_dir: str, seed: int, rows: int = 4, prompt: int = 6, response: 
 
 
 def _context(model_dir, rank: int, world: int, *overrides):
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", *OVERRIDES, *overrides], Registry.discover())

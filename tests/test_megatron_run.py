@@ -65,7 +65,7 @@ def _policy_tensors(run: Path) -> dict:
     """The latest checkpoint's policy weights: the megatron policy saves them as a Hugging Face model."""
     from safetensors.torch import load_file
 
-    from grpo_sdk.core.config import CheckpointingConfig
+    from grpo_sdk.config.schema import CheckpointingConfig
     from grpo_sdk.trainer.checkpoint import CheckpointManager
 
     policy = CheckpointManager(CheckpointingConfig(), run).latest() / "policy"

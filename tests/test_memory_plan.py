@@ -12,7 +12,7 @@ import pytest
 
 from grpo_sdk.cli.memory_plan import PROCESS_BYTES, activation_bytes_per_token, model_shape
 from grpo_sdk.cli.plan import make_plan
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 
 PHASES = ("activations", "logits", "kv_cache")
 EVERY_PART = {"process", "weights", "gradients", "adamw_moments", "generation_weights", *PHASES, "total"}

@@ -277,7 +277,7 @@ def test_override_needs_an_environment_that_flags_tool_calls(registry, tmp_path,
 
 
 def test_a_multi_turn_environment_with_one_turn_warns(registry, caplog):
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
 
     with caplog.at_level("WARNING"):
         load_config(None, ["env.name=counting_turns"], registry)

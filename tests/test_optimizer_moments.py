@@ -77,8 +77,8 @@ def test_a_loaded_state_continues_exactly_and_stays_bfloat16():
 def test_where_it_does_not_apply_the_config_says_so(registry):
     import attrs
 
-    from grpo_sdk.core.config_checks import check_optimizer
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.checks.policy import check_optimizer
+    from grpo_sdk.config.loading import load_config
 
     problems = config_problems(registry, "policy.optimizer.moments_dtype=bfloat16", "cluster.runtime=ray",
                                "cluster.policy_workers=2")

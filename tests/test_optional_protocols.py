@@ -53,7 +53,7 @@ def test_the_built_ins_implement_their_optional_protocols():
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.backends.hf.generation import HFGeneration
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config import LossConfig
+    from grpo_sdk.config.schema import LossConfig
     from grpo_sdk.environments.math_env import MathEnvironment
     from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
     from grpo_sdk.estimators.grpo import GRPOEstimator

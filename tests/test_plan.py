@@ -20,7 +20,7 @@ import pytest
 
 from grpo_sdk.cli.model_size import architecture_parameters, model_size, safetensors_parameters
 from grpo_sdk.cli.plan import count_rows, make_plan, mixture_epoch_steps, run_plan
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 
 
 def numel(model) -> int:
@@ -105,7 +105,7 @@ def test_kl_penalty_precision_and_mini_batches_change_the_plan(registry):
 
 
 def test_the_plan_imports_no_torch():
-    code = ("import sys; from grpo_sdk.plugins.registry import Registry; from grpo_sdk.core.config_loader import "
+    code = ("import sys; from grpo_sdk.plugins.registry import Registry; from grpo_sdk.config.loading import "
             "load_config; from grpo_sdk.cli.plan import run_plan; r = Registry.discover(); "
             "print(run_plan(load_config(None, [], r), r)); assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

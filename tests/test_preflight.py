@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_grpoctl
 from grpo_sdk.cli.preflight import preflight
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 
 
 def problems_of(registry, *overrides: str, notes: list[str] | None = None) -> dict[str, str]:

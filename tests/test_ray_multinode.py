@@ -28,7 +28,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import config_problems, grpoctl_env, run_grpoctl
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.runtime import nodes

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpo_sdk.trainer.checkpoint import CheckpointManager
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.errors import GrpoSdkError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, GenerationOutput
 from grpo_sdk.plugins.registry import Registry
@@ -134,7 +134,7 @@ def test_config_checks_of_the_runtime(monkeypatch):
 def test_importing_the_runtime_and_validating_a_ray_config_do_not_import_ray():
     body = ("import sys, grpo_sdk.runtime, grpo_sdk.runtime.deadlines\n"
             "from grpo_sdk.plugins.registry import Registry\n"
-            "from grpo_sdk.core.config_loader import load_config\n"
+            "from grpo_sdk.config.loading import load_config\n"
             "cfg = load_config(None, ['cluster.runtime=ray', 'cluster.policy_workers=2', 'weight_sync.backend=disk'],"
             " Registry.discover())\n"
             "print('ray' in sys.modules)\n")

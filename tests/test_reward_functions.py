@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import config_problems, run_grpoctl, small_trainer
-from grpo_sdk.core.config_loader import load_config, to_yaml
+from grpo_sdk.config.loading import load_config, to_yaml
 from grpo_sdk.core.errors import ConfigError, EnvironmentStepError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, Message
 from grpo_sdk.environments import reward_functions as RF

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import config_problems, run_grpoctl
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.errors import ConfigError, GrpoSdkError, ModelLoadError
 from grpo_sdk.core.records import Message
 from grpo_sdk.environments.reward_model import RewardModelEnvironment
@@ -396,7 +396,7 @@ def test_an_environment_actor_uses_a_gpu_only_when_ray_gave_it_one(monkeypatch, 
     monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: None)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: assigned)
     cfg = load_config(None, [], Registry.discover())
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.context import RunContext
 
     context = RunContext(config=cfg, run_dir=".", model_path=".", tokenizer_path=".", device="auto", seed=0,
                          needs_reference=False, eos_token_id=2, pad_token_id=0)

@@ -26,7 +26,7 @@ from grpo_sdk.algorithms.reward_penalties import (
     thinking_mode,
 )
 from grpo_sdk.algorithms.rewards import RolloutRewardChanges, mean_metrics
-from grpo_sdk.core import config as C
+from grpo_sdk.config import schema as C
 from grpo_sdk.core.records import Message
 
 OPEN, CLOSE = 12, 13  # the think tags' token ids in the token-id cases, as upstream's tests

@@ -16,7 +16,7 @@ from grpo_sdk.algorithms.rewards import (
     shape_rewards,
     trivial_groups,
 )
-from grpo_sdk.core.config import RewardScalingConfig, RewardShapingConfig
+from grpo_sdk.config.schema import RewardScalingConfig, RewardShapingConfig
 
 
 def t(values):

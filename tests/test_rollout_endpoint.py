@@ -24,8 +24,8 @@ import openai
 import pytest
 import torch
 
-from grpo_sdk.core.config_loader import load_config
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.loading import load_config
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.models import load_tokenizer
 from grpo_sdk.core.records import GenerationOutput, Message, SamplingParams

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import small_trainer
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins import ComponentSpec, RunContext, hookimpl
 from grpo_sdk.plugins.toolkit import load_tokenizer
 

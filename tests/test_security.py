@@ -42,7 +42,7 @@ linux_only = pytest.mark.skipif(not os.path.isdir("/proc/net"), reason="reads pr
 # "stop" shuts the runtime down and reports the RAY_AUTH_* environment; EOF leaves it waiting.
 DRIVER = r'''
 import json, os, sys
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.runtime.ray_runtime import RayRuntime
 

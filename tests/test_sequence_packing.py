@@ -164,8 +164,8 @@ def test_a_model_that_would_attend_across_packed_sequences_is_refused(model_dirs
 def make_policy(model_dir, *overrides, rank=0, world=1):
     from grpo_sdk.backends.hf.config import HFPolicyConfig
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", "policy.train_global_batch_size=4",
@@ -311,8 +311,8 @@ def test_two_fsdp_ranks_with_token_budgets_train_as_one_padded_process(model_dir
 def test_config_errors_name_the_key(registry, cli):
     import attrs
 
-    from grpo_sdk.core.config_checks import check_policy_batching
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.checks.policy import check_policy_batching
+    from grpo_sdk.config.loading import load_config
 
     both = config_problems(registry, "policy.dynamic_batching.enabled=true", "policy.sequence_packing.enabled=true")
     assert "choose one" in both["policy.sequence_packing.enabled"]

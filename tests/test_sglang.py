@@ -47,8 +47,8 @@ def faults(server):
 
 def make(registry, model_dir, url, *overrides):
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.models import load_tokenizer
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", "loss_fn.reference_policy_kl_penalty=0",

@@ -101,8 +101,8 @@ def engine_mode(monkeypatch, registry, tiny_model_dir):
     """The adapter in engine mode on the FAKE module, and the fake engine it built."""
     from grpo_sdk.backends.sglang.config import SGLangConfig
     from grpo_sdk.backends.sglang.generation import SGLangGeneration
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     monkeypatch.setitem(sys.modules, "sglang", fake_sglang)
     monkeypatch.setattr(fake_sglang.Engine, "instances", [])
@@ -237,8 +237,8 @@ def test_every_field_server_mode_sends_is_in_sglangs_request_structs(monkeypatch
     from grpo_sdk.backends.sglang import server as server_module
     from grpo_sdk.backends.sglang.config import SGLangConfig
     from grpo_sdk.backends.sglang.generation import SGLangGeneration
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import SamplingParams
     from grpo_sdk.plugins.tensors import write_weights

@@ -133,7 +133,7 @@ def test_a_score_outside_the_declared_components_is_an_error():
 def test_prompts_render_the_environments_tools_in_the_chat_template(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from grpo_sdk.core.config import DataConfig
+    from grpo_sdk.config.schema import DataConfig
     from grpo_sdk.trainer.data import make_builder
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

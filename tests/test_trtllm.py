@@ -26,7 +26,7 @@ from grpo_sdk.backends.trtllm.config import TrtllmConfig
 from grpo_sdk.backends.trtllm.generation import TrtllmGeneration
 from grpo_sdk.backends.trtllm.refit import command
 from grpo_sdk.backends.trtllm.server import TrtllmServerGeneration
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins import GrpoSdkError, PluginError, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
 from grpo_sdk.plugins.toolkit import HTTPClient

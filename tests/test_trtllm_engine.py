@@ -23,7 +23,7 @@ from engine_fakes import fake_tensorrt_llm as fake
 from grpo_sdk.backends.trtllm.config import TrtllmConfig, check_options
 from grpo_sdk.backends.trtllm.generation import TrtllmGeneration
 from grpo_sdk.backends.trtllm.refit import ALL_TAGS, command
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins import GenerationInput, GrpoSdkError, PluginError, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
 

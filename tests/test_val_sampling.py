@@ -8,7 +8,7 @@ import pytest
 from conftest import config_problems, small_trainer
 
 from grpo_sdk.algorithms.sampling import validation_sampling
-from grpo_sdk.core.config import GenerationConfig
+from grpo_sdk.config.schema import GenerationConfig
 from grpo_sdk.core.records import SamplingParams
 
 TRAIN = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=None, seed=None)

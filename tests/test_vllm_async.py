@@ -55,8 +55,8 @@ def models(tmp_path_factory):
 
 def build(registry, model_dir, kind, *overrides):
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", *VLLM, *overrides], registry)
     context = RunContext(config=cfg, run_dir=model_dir, model_path=str(model_dir), tokenizer_path=str(model_dir),

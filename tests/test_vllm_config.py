@@ -8,9 +8,10 @@ import attrs
 import pytest
 
 from grpo_sdk.backends.vllm.config import VLLMConfig
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_checks import check_components, check_config
-from grpo_sdk.core.config_loader import Structurer, load_config
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.checks import check_config
+from grpo_sdk.config.checks.components import check_components
+from grpo_sdk.config.loading import Structurer, load_config
 from grpo_sdk.core.errors import ConfigError
 
 

@@ -47,8 +47,8 @@ def test_each_version_is_loaded_as_an_adapter_that_changes_sampling_and_matches_
     import torch
 
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import SamplingParams
     from grpo_sdk.weight_sync.inprocess import InProcessWeightSync

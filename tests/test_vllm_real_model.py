@@ -106,8 +106,8 @@ def test_vllm_logprobs_of_smollm2_match_the_hf_policys(registry, smollm2, pairin
     import torch
 
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import GenerationInput, SamplingParams
     from grpo_sdk.trainer.data import PromptBuilder
@@ -162,7 +162,7 @@ def test_five_grpo_steps_on_arithmetic_with_vllm(registry, smollm2, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
     cfg = load_config(None, [f"policy.model_name={smollm2}", *VLLM, *ARITHMETIC, "policy.precision=float32",

@@ -21,7 +21,7 @@ import attrs
 import pytest
 import torch
 
-from grpo_sdk.core.config_loader import load_config
+from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins.registry import Registry
 from conftest import config_problems
 from grpo_sdk.runtime.deadlines import WorkerError

@@ -10,7 +10,7 @@ from test_sequence_packing import DYNAMIC, model_dirs, ragged_rows  # noqa: F401
 
 from grpo_sdk.algorithms.loss import ClippedPGLoss
 from grpo_sdk.backends.hf.config import HFPolicyConfig
-from grpo_sdk.core.config import LossConfig
+from grpo_sdk.config.schema import LossConfig
 from grpo_sdk.core.records import TrainBatch
 from grpo_sdk.plugins import ZeroGradientRows
 
@@ -38,8 +38,8 @@ def test_the_loss_names_rows_with_zero_advantages_only_when_nothing_else_reads_t
 
 def make(model_dir, skip: bool, *overrides):
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
 
     cfg = load_config(None, [f"policy.model_name={model_dir}", "policy.train_micro_batch_size=2",

@@ -91,8 +91,8 @@ def components(model: Path, frontend: str, worker: str, device: str = "cuda"):
     from grpo_sdk.backends.dynamo.config import DynamoConfig
     from grpo_sdk.backends.dynamo.generation import DynamoGeneration
     from grpo_sdk.backends.hf.policy import HFPolicy
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.plugins.toolkit import load_tokenizer
 

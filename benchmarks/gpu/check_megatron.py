@@ -140,8 +140,8 @@ def machine_adaptations(device: str) -> list[str]:
 
 
 def make_context(model_dir: Path, registry, device: str, precision: str, sizes: dict):
-    from grpo_sdk.core.config_loader import load_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.loading import load_config
+    from grpo_sdk.config.context import RunContext
 
     rows = sizes["rows"]
     cfg = load_config(None, [f"policy.model_name={model_dir}", f"policy.precision={precision}",

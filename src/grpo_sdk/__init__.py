@@ -36,7 +36,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "train": "grpo_sdk.api", "load_config": "grpo_sdk.api", "Trainer": "grpo_sdk.api",
     "export_model": "grpo_sdk.api",
-    "MasterConfig": "grpo_sdk.core.config",
+    "MasterConfig": "grpo_sdk.config.schema",
     "RunStatus": "grpo_sdk.core.records", "RunSummary": "grpo_sdk.core.records",
     "GrpoSdkError": "grpo_sdk.core.errors", "ConfigError": "grpo_sdk.core.errors",
     "DataError": "grpo_sdk.core.errors", "PluginError": "grpo_sdk.core.errors",

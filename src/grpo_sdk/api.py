@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from grpo_sdk.core.config import MasterConfig
+from grpo_sdk.config.schema import MasterConfig
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.records import RunStatus, RunSummary
 
@@ -75,7 +75,7 @@ def load_config(config: ConfigFiles = None, overrides: Sequence[str] = (), *,
                 plugins: Sequence[str] = ()) -> MasterConfig:
     """The structured, validated config of YAML file(s) (None: the built-in recipe) and dotted overrides,
     as `grpoctl config show` resolves it. Raises ConfigError listing every problem."""
-    from grpo_sdk.core.config_loader import load_config as load
+    from grpo_sdk.config.loading import load_config as load
 
     return load(_files(config), [*_reward_overrides(reward_funcs), *overrides], _registry(plugins))
 
@@ -105,7 +105,7 @@ class Trainer:
                                                  "config that is already loaded")])
             self.resuming = resume or saved_config_of(run_path) is not None
             if self.resuming and (saved := saved_config_of(run_path)) is not None:
-                from grpo_sdk.core.config_loader import load_config as load
+                from grpo_sdk.config.loading import load_config as load
 
                 check_resumable(load([str(saved)], [], self.registry), config, run_path)
             self.config = config

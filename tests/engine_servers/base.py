@@ -58,7 +58,7 @@ class EngineModel:
         import torch
 
         from grpo_sdk.backends.hf.generation import HFGeneration
-        from grpo_sdk.core.config_loader import load_config
+        from grpo_sdk.config.loading import load_config
         from grpo_sdk.plugins import RunContext
         from grpo_sdk.plugins.registry import Registry
 

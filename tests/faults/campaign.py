@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from grpo_sdk.trainer.checkpoint import CheckpointManager
-from grpo_sdk.core.config import CheckpointingConfig
+from grpo_sdk.config.schema import CheckpointingConfig
 from conftest import grpoctl_env, run_grpoctl
 
 HERE = Path(__file__).parent

@@ -31,7 +31,7 @@ import yaml
 
 from grpo_sdk.cli.app import main
 from grpo_sdk.cli.common import STATE
-from grpo_sdk.core.config_loader import BUILTIN_RECIPE, load_config
+from grpo_sdk.config.loading import BUILTIN_RECIPE, load_config
 from grpo_sdk.plugins.registry import Registry
 
 pytestmark = pytest.mark.faults

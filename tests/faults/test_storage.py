@@ -19,7 +19,7 @@ import pytest
 from faults.campaign import SMALL, assert_no_traceback, assert_same_run, grpoctl
 
 from grpo_sdk.trainer.checkpoint import CheckpointManager, verify
-from grpo_sdk.core.config import CheckpointingConfig
+from grpo_sdk.config.schema import CheckpointingConfig
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

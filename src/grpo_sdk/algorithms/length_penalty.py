@@ -18,8 +18,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from grpo_sdk.core.config import LengthPenaltyConfig, LengthPenaltyParams
-from grpo_sdk.core.reward_checks import CHANNELS, band_switches, global_bands, length_penalty_active
+from grpo_sdk.config.schema import LengthPenaltyConfig, LengthPenaltyParams
+from grpo_sdk.config.checks.rewards import CHANNELS, band_switches, global_bands, length_penalty_active
 
 __all__ = ["apply_length_penalty", "length_penalty_active", "band_multiplier", "length_weights", "zmad_outliers"]
 

@@ -1,7 +1,7 @@
 """The clipped policy-gradient loss with a KL penalty to the reference policy.
 
 Restates NeMo-RL's ``ClippedPGLossFn`` (docs/algorithms.md, The loss) for every option
-of ``loss_fn.*`` (``grpo_sdk.core.config.LossConfig``). Per next-token position, with ``c`` the
+of ``loss_fn.*`` (``grpo_sdk.config.schema.LossConfig``). Per next-token position, with ``c`` the
 current, ``p`` the old ("prev"), ``g`` the generation and ``ref`` the reference logprobs, ``A`` the
 advantage and ``sg`` stop-gradient::
 
@@ -55,9 +55,9 @@ import math
 
 import torch
 
-from grpo_sdk.core.loss_checks import TIS_TYPES, check_loss_config
+from grpo_sdk.config.checks.loss import TIS_TYPES, check_loss_config
 from grpo_sdk.algorithms.rewards import seq_logprob_errors
-from grpo_sdk.core.config import LossConfig
+from grpo_sdk.config.schema import LossConfig
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.core.records import TrainBatch
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from grpo_sdk.core.config import RewardPenaltyConfig
+from grpo_sdk.config.schema import RewardPenaltyConfig
 
 # Upstream's rollout-metric names, so a seed user's dashboards line up: the fraction of the
 # samples each penalty flagged (flagged, not "changed": a sample already at 0 counts too).

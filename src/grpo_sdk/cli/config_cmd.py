@@ -11,7 +11,7 @@ import attrs
 import typer
 
 from grpo_sdk.cli.common import EPILOG, get_registry, guarded, load_plugin_modules
-from grpo_sdk.core import config as C
+from grpo_sdk.config import schema as C
 
 app = typer.Typer(help="Show, validate and document run configs.", no_args_is_help=True, epilog=EPILOG)
 
@@ -23,7 +23,7 @@ PLUGIN_MODULES = typer.Option(None, "-p", "--plugin", help="Import MODULE as a h
 
 def _load(files: Optional[list[Path]], overrides: Optional[list[str]],
           plugin_modules: Optional[list[str]]) -> C.MasterConfig:
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
 
     return load_config([str(f) for f in files or []], overrides or [], load_plugin_modules(plugin_modules or []))
 
@@ -36,7 +36,7 @@ def show(overrides: Optional[list[str]] = OVERRIDES, config: Optional[list[Path]
     if format not in ("yaml", "json"):
         raise typer.BadParameter(f"{format!r} is not one of 'yaml', 'json'", param_hint="--format")
     def body() -> None:
-        from grpo_sdk.core.config_loader import dump_config, to_yaml
+        from grpo_sdk.config.loading import dump_config, to_yaml
 
         cfg = _load(config, overrides, plugin_modules)
         print(json.dumps(dump_config(cfg), indent=2) if format == "json" else to_yaml(cfg), end="")

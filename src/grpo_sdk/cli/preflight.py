@@ -1,6 +1,6 @@
 """What `grpoctl run` would fail on at setup, found before anything heavy is built.
 
-``config validate`` structures and cross-checks a config (``core.config_checks``); a run can still
+``config validate`` structures and cross-checks a config (``grpo_sdk.config.checks``); a run can still
 fail at start-up, after minutes of loading, on what only the files say: a data file that is not
 there, a model path that names nothing, a hub id the machine cannot reach, a prompt longer than
 ``policy.max_total_sequence_length`` allows, a task whose generated prompts do not fit.
@@ -64,7 +64,7 @@ def model_problems(cfg: Any) -> list[tuple[str, str]]:
             check_model_source(str(packaged), key=key)  # gguf and accelerate, unless converted before
             continue
         if name.startswith("builtin:"):
-            continue  # core.config_checks.check_model names an unknown built-in
+            continue  # config.checks.model.check_model names an unknown built-in
         if Path(name).expanduser().exists() or not is_hub_id(name):
             try:
                 check_model_source(name, key=key)  # a GGUF file: its first bytes; a missing gguf: exit 3
@@ -197,8 +197,8 @@ def _environment(cfg: Any, registry: Any, tokenizer: Any) -> tuple[Any, list[tup
     if not needs_prompts or info is None or info.spec is None \
             or Capability.GENERATES_PROMPTS not in info.spec.capabilities:
         return None, []
-    from grpo_sdk.core.config import plugin_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.schema import plugin_config
+    from grpo_sdk.config.context import RunContext
 
     name = cfg.policy.model_name
     context = RunContext(config=cfg, run_dir=Path(cfg.logger.log_dir) / "preflight", model_path=name,

@@ -141,7 +141,7 @@ def model_source(model: str, step: int | None = None, best: bool = False) -> Mod
     """MODEL as a model to load: a model directory as it is, a run directory as its chosen checkpoint's
     policy (`grpoctl export`'s choice), a checkpoint directory as its policy. ServeError when MODEL names
     nothing servable."""
-    from grpo_sdk.core.config_files import BUILTIN_RECIPE
+    from grpo_sdk.config.files import BUILTIN_RECIPE
     from grpo_sdk.core.models import looks_local
 
     path = Path(model).expanduser()
@@ -242,8 +242,8 @@ def serve_config(request: ServeRequest, source: ModelSource, scratch: Path, regi
     -c files, the overrides, and last MODEL and the flags."""
     import yaml
 
-    from grpo_sdk.core.config_files import read_yaml
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.files import read_yaml
+    from grpo_sdk.config.loading import load_config
 
     base: dict[str, Any] = {}
     if source.saved_config is not None:
@@ -253,7 +253,7 @@ def serve_config(request: ServeRequest, source: ModelSource, scratch: Path, regi
         if seed is not None:
             base["grpo"] = {"seed": seed}
     elif (context := model_context(source.model_name)) is not None:  # a model directory: its own context length
-        from grpo_sdk.core.config import GenerationConfig
+        from grpo_sdk.config.schema import GenerationConfig
 
         default_new = attrs.fields(GenerationConfig).max_new_tokens.default
         base = {"policy": {"max_total_sequence_length": context,
@@ -306,8 +306,8 @@ def _serve(request: ServeRequest) -> None:
 def _serve_config(request: ServeRequest, source: ModelSource, cfg: Any, scratch: Path, registry: Any) -> None:
     import torch
 
-    from grpo_sdk.core.config import plugin_config
-    from grpo_sdk.core.context import RunContext
+    from grpo_sdk.config.schema import plugin_config
+    from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.machine import pick_device
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import SamplingParams

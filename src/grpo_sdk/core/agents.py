@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import attrs
 
-from grpo_sdk.core.config import option
+from grpo_sdk.core.options import option
 
 
 def _port(instance: Any, attribute: Any, value: int) -> None:

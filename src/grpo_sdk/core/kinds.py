@@ -2,7 +2,7 @@
 
 Everything that lists kinds derives from this table: the entry-point groups
 (``grpo_sdk.plugins.KINDS``), the labels in messages (``plugins list``, conflicts), the protocol
-the contract kit checks, the pluggable config sections and their selector keys (``core.config``),
+the contract kit checks, the pluggable config sections and their selector keys (``grpo_sdk.config.schema``),
 and what ``grpoctl plugins new`` writes into a project's README.
 """
 

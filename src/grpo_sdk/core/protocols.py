@@ -4,7 +4,7 @@ The loop never asks which backend it drives: it calls these methods and nothing 
 implementation is constructed the same way, ``Impl(config, context)``: ``config`` is the
 component's own structured config block (an instance of its spec's ``config`` class, or None)
 and ``context`` is the ``RunContext`` of the run (resolved config, run directory, model path,
-seed). See ``grpo_sdk.core.context``.
+seed). See ``grpo_sdk.config.context``.
 
 Tensors follow the conventions of ``grpo_sdk.core.records``: input-aligned ``[B, S]``.
 """

@@ -33,8 +33,8 @@ A minimal third-party estimator package::
 """
 
 from grpo_sdk.core.capabilities import Capability
-from grpo_sdk.core.config import option
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.schema import option
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.errors import (
     ConfigError,
     DataError,

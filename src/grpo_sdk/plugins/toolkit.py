@@ -52,8 +52,8 @@ import asyncio
 import threading
 from typing import Any
 
-from grpo_sdk.core.config import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
-from grpo_sdk.core.config_checks import model_facts
+from grpo_sdk.config.schema import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
+from grpo_sdk.config.checks.model import model_facts
 from grpo_sdk.core.engines import HTTPClient, require_engine
 from grpo_sdk.core.process_groups import host_store, join_process_group, leave_process_group
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
@@ -66,7 +66,7 @@ from grpo_sdk.core.models import check_model_source, load_pretrained, load_token
 def dump_config(config: Any) -> Any:
     """A config (the run's ``MasterConfig`` or one block) as YAML-ready dicts and lists; selected
     plugin blocks are written out in full, as ``config.resolved.yaml`` holds them."""
-    from grpo_sdk.core.config_loader import dump_config as dump
+    from grpo_sdk.config.loading import dump_config as dump
 
     return dump(config)
 

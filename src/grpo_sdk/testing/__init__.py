@@ -244,8 +244,8 @@ def check_config(kind: str, name: str, overrides: Iterable[str] = (), *,
     """
     import yaml
 
-    from grpo_sdk.core.config import plugin_config
-    from grpo_sdk.core.config_loader import Structurer, load_config, to_yaml
+    from grpo_sdk.config.schema import plugin_config
+    from grpo_sdk.config.loading import Structurer, load_config, to_yaml
 
     label = _label(kind, name)
     registry = registry or Registry.discover()
@@ -453,7 +453,7 @@ def run_training(kind: str, name: str, overrides: Sequence[str] = (), *, steps: 
     the run's transport as version ``steps + 1``, samples again, and requires the generation
     backend to report that version and logprobs within ``logprob_tolerance`` of the policy's.
     """
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
     label = _label(kind, name)
@@ -549,7 +549,7 @@ def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float)
     import torch
 
     from grpo_sdk.algorithms.loss import ClippedPGLoss
-    from grpo_sdk.core.config import LossConfig
+    from grpo_sdk.config.schema import LossConfig
     from grpo_sdk.core.records import GenerationInput, TrainBatch
     from grpo_sdk.trainer.rollout import left_pad, tokenize_prompts
 

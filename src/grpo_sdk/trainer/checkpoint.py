@@ -37,7 +37,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from grpo_sdk.core.config import CheckpointingConfig
+from grpo_sdk.config.schema import CheckpointingConfig
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.trainer.run_dir import fsync_dir as _fsync_dir
 from grpo_sdk.trainer.run_dir import fsync_tree

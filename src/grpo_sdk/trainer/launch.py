@@ -64,7 +64,7 @@ def saved_config_of(run_dir: Path | None) -> Path | None:
 
 def config_changes(saved: Any, new: Any) -> list[tuple[str, Any, Any]]:
     """``(dotted key, saved value, new value)`` for every leaf that differs, resumable keys left out."""
-    from grpo_sdk.core.config_loader import dump_config
+    from grpo_sdk.config.loading import dump_config
 
     missing = object()
     changes: list[tuple[str, Any, Any]] = []
@@ -99,7 +99,7 @@ def resolve_config(files: list[str], overrides: list[str], run_dir: Path | None,
     """``(config, resuming)`` as `grpoctl run` resolves it: the built-in recipe when there are no files;
     in a run directory with checkpoints (or with ``resume``), the saved config with files and overrides
     on top, and only resumable changes allowed."""
-    from grpo_sdk.core.config_loader import load_config
+    from grpo_sdk.config.loading import load_config
 
     saved = saved_config_of(run_dir)
     if resume and saved is None:

@@ -42,10 +42,10 @@ from grpo_sdk.algorithms.loss import ClippedPGLoss
 from grpo_sdk.algorithms.rewards import clip_advantages, mask_by_seq_logprob_error, seq_logprob_errors
 from grpo_sdk.algorithms.sampling import validation_sampling
 from grpo_sdk.core.capabilities import Capability
-from grpo_sdk.core.config import MasterConfig, plugin_config
-from grpo_sdk.core.config_checks import parse_duration
-from grpo_sdk.core.config_loader import to_yaml
-from grpo_sdk.core.context import RunContext
+from grpo_sdk.config.schema import MasterConfig, plugin_config
+from grpo_sdk.config.checks.lifecycle import parse_duration
+from grpo_sdk.config.loading import to_yaml
+from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer, resolve_model_source

@@ -1,4 +1,4 @@
-"""Structuring raw config data into the classes of ``grpo_sdk.core.config``, strictly.
+"""Structuring raw config data into the classes of ``grpo_sdk.config.schema``, strictly.
 
 cattrs does the structuring (detailed validation, ``forbid_extra_keys``); the hooks here make it
 strict and the report complete, every problem at once with its full path:
@@ -9,7 +9,7 @@ strict and the report complete, every problem at once with its full path:
 * every field's validator runs on its own, so each failing field is reported, not the first;
 * a pluggable section's selected block is structured against the plugin's own config class
   (the registry imports only the light config module), unselected blocks are kept as written;
-* a key a class lists in ``__removed__`` (``config.RemovedOption``) is dropped at a value that had
+* a key a class lists in ``__removed__`` (``schema.RemovedOption``) is dropped at a value that had
   no effect, so an older run's ``config.resolved.yaml`` still loads, and is an error otherwise.
 
 Example::
@@ -34,8 +34,8 @@ from cattrs.errors import AttributeValidationNote, ClassValidationError, Forbidd
     IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn, override
 
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_files import describe
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.files import describe
 from grpo_sdk.core.errors import ConfigError, PluginError
 from grpo_sdk.core.imports import import_target
 

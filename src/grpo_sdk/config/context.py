@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from grpo_sdk.core.config import MasterConfig
+from grpo_sdk.config.schema import MasterConfig
 from grpo_sdk.core.models import looks_local
 
 

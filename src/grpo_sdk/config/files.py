@@ -7,7 +7,7 @@ A file may inherit with a top-level ``defaults: base.yaml`` (or a list), paths r
 
 Files must be regular UTF-8 files; a key given twice in one mapping, nesting past 64 levels, an
 alias cycle and an alias bomb are errors naming the file and line (YAML itself would keep the
-second key silently). What comes out is plain data; ``grpo_sdk.core.config_loader`` structures it.
+second key silently). What comes out is plain data; ``grpo_sdk.config.loading`` structures it.
 """
 
 from __future__ import annotations

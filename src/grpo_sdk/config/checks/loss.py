@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from grpo_sdk.core.config import LossConfig
+from grpo_sdk.config.schema import LossConfig
 
 TIS_TYPES = ("tis", "icepop", "seq-mask-tis")
 

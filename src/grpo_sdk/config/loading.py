@@ -1,9 +1,9 @@
 """Loading a run config: defaults, then ``-c`` files, then dotted overrides, then strict structuring.
 
-Precedence is class defaults < files (left to right) < overrides; ``grpo_sdk.core.config_files``
+Precedence is class defaults < files (left to right) < overrides; ``grpo_sdk.config.files``
 reads the files and applies the overrides (the Hydra subset: ``a.b=v``, ``~a.b``, ``+a.b=v``),
-``grpo_sdk.core.config_structure`` structures the result into the config classes, reporting every
-problem at once, and ``grpo_sdk.core.config_checks`` checks the rules between fields.
+``grpo_sdk.config.structure`` structures the result into the config classes, reporting every
+problem at once, and ``grpo_sdk.config.checks`` checks the rules between fields.
 
 Example::
 
@@ -22,10 +22,10 @@ from typing import Any
 import attrs
 import yaml
 
-from grpo_sdk.core import config as C
-from grpo_sdk.core.config_checks import check_config, config_warnings
-from grpo_sdk.core.config_files import BUILTIN_RECIPE, raw_config
-from grpo_sdk.core.config_structure import Structurer
+from grpo_sdk.config import schema as C
+from grpo_sdk.config.checks import check_config, config_warnings
+from grpo_sdk.config.files import BUILTIN_RECIPE, raw_config
+from grpo_sdk.config.structure import Structurer
 from grpo_sdk.core.errors import ConfigError
 
 __all__ = ["BUILTIN_RECIPE", "Structurer", "check_config", "dump_config", "load_config", "raw_config", "to_yaml"]

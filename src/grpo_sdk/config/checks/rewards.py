@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from grpo_sdk.core.config import LengthPenaltyConfig, MasterConfig
+from grpo_sdk.config.schema import LengthPenaltyConfig, MasterConfig
 
 CHANNELS = ("reasoning", "answer", "total")
 _AMOUNTS = ("reasoning_bonus", "answer_bonus", "total_bonus", "longest_reasoning_penalty", "longest_answer_penalty",

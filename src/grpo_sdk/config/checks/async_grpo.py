@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_sdk.core import config as C
+from grpo_sdk.config import schema as C
 from grpo_sdk.core.capabilities import Capability
 
 PREFIX = "grpo.async_grpo"
