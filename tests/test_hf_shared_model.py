@@ -294,9 +294,10 @@ def test_sampling_casts_the_linear_weights_once_and_samples_exactly_what_autocas
 
 
 def test_a_shared_lora_policy_samples_with_its_adapters_folded_into_the_casts(registry, tmp_path):
-    """bf16 autocast + LoRA: the sampler runs each adapted Linear as one cast of W + s * B @ A with peft's
-    adapters off (not base + A + B per layer), and its logprobs are the trained policy's, not the base's;
-    the adapters are on again for training afterwards. (A Llama: GPT-2's Conv1D layers are not folded.)"""
+    """bf16 autocast + LoRA: the sampler runs the base Linears in place of peft's layers, each with one
+    cast of W + s * B @ A (not base + A + B per layer), and its logprobs are the trained policy's, not
+    the base's; peft's layers are back for training afterwards, also when sampling fails. (A Llama:
+    GPT-2's Conv1D layers are not folded.)"""
     pytest.importorskip("peft")
     from grpo_sdk.backends.hf.lora import lora_layers
     from grpo_sdk.core.models import load_tokenizer
@@ -315,11 +316,12 @@ def test_a_shared_lora_policy_samples_with_its_adapters_folded_into_the_casts(re
     for _ in range(4):  # B moves off zero: the adapters now change the logprobs
         policy.train(batch, ClippedPGLoss(context.config.loss_fn))
 
-    calls = []
+    calls, tree = [], {name: type(m) for name, m in policy.model.named_modules()}
     hooks = [layer.lora_A["default"].register_forward_hook(lambda *_: calls.append(1))
              for layer in lora_layers(policy.model).values()]
     sampled = train_batch(inputs, gen.generate(inputs, sampling))
     assert calls == []  # no adapter pass while sampling: folded
+    assert {name: type(m) for name, m in policy.model.named_modules()} == tree  # peft's layers are back
     trained = policy.logprobs(sampled)
     assert calls  # the policy's own forward runs the adapters again
     for hook in hooks:
@@ -329,3 +331,13 @@ def test_a_shared_lora_policy_samples_with_its_adapters_folded_into_the_casts(re
     assert trained.shape == sampler.shape
     to_trained, to_base = (sampler - trained)[mask].abs().max(), (sampler - base)[mask].abs().max()
     assert to_trained < 0.02 and to_base > 5 * to_trained, (float(to_trained), float(to_base))
+
+    def fails(*_):
+        assert type(policy.model.get_submodule(next(iter(lora_layers_before)))) is torch.nn.Linear  # swapped
+        raise RuntimeError("sampling failed")
+
+    lora_layers_before = lora_layers(policy.model)
+    gen._generate = fails
+    with pytest.raises(RuntimeError, match="sampling failed"):
+        gen.generate(inputs, sampling)
+    assert {name: type(m) for name, m in policy.model.named_modules()} == tree  # restored after a failure too

@@ -100,9 +100,8 @@ class HFGeneration:
         self.prefill_args = {"logits_to_keep": 1} if "logits_to_keep" in forward_args else {}
         self.compiled_forward = torch.compile(self.model.forward, dynamic=False) if config.compile else None
         self._gate = StepGate(timeout_s=context.config.cluster.call_timeout_s)
-        # (weight version, casts, whether LoRA adapters are folded into them)
-        self._low_precision: tuple[int, dict[str, torch.Tensor], bool] | None = None
-        self._lora = getattr(self.policy, "lora", None)  # a shared LoRA policy's peft wrapper
+        self._low_precision: tuple[int, dict[str, torch.Tensor]] | None = None  # (weight version, casts)
+        self._folded: dict | None = None  # a shared LoRA policy's layers while it samples (_base_modules)
 
     def _shared_policy(self, config: HFGenerationConfig, context: RunContext):
         """The hf policy of this run and process whose module this generation samples with, or None."""
@@ -142,11 +141,19 @@ class HFGeneration:
                 param.requires_grad_(True)
 
     def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
-        with self._sampling_mode(), self.autocast():
+        with self._sampling_mode(), self.autocast(), self._base_modules() as self._folded:
             try:
                 return self._generate(prompts, sampling)
             finally:
-                self._low_precision = None  # the casts live for one call: memory, and weights move in training
+                self._low_precision = self._folded = None  # the casts live for one call: weights move in training
+
+    def _base_modules(self):
+        """A shared LoRA policy under autocast samples as the merged model: its base Linears in place of
+        peft's layers, each adapter folded into the base weight's cast (as the merged weight sync folds
+        them). Elsewhere nothing changes."""
+        if getattr(self.policy, "lora", None) is None or self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return lora.base_modules(self.model)
 
     def _forward(self, **kwargs):
         """The model's forward pass. Under autocast, the Linear weights are cast to the autocast dtype
@@ -160,16 +167,12 @@ class HFGeneration:
         if self._low_precision is None or self._low_precision[0] != self.weight_version:
             casts = {f"{name}.weight": module.weight.to(self.autocast_dtype)
                      for name, module in self.model.named_modules() if isinstance(module, torch.nn.Linear)}
-            # A shared LoRA policy: each adapter folded into its base weight's cast, once per weight version.
-            folded = lora.folded_casts(self.model, self.autocast_dtype) if self._lora is not None else None
-            if folded is not None:
-                casts = {name: cast for name, cast in casts.items() if not lora.is_adapter_name(name)} | folded
-            self._low_precision = (self.weight_version, casts, folded is not None)
-        # tie_weights=False: a tied output embedding takes the cast, the input embedding keeps float32.
-        # Folded LoRA runs with peft's adapters off: its per-layer A and B passes took 1.4x the time of a
-        # sampled token on SmolLM2; the merged weight sync folds them the same way.
-        with self._lora.disable_adapter() if self._low_precision[2] else contextlib.nullcontext():
-            return functional_call(self.model, self._low_precision[1], (), kwargs, tie_weights=False, strict=False)
+            for name, layer in (self._folded or {}).items():  # a LoRA layer's base Linear now sits at its name
+                casts[f"{name}.weight"] = lora.fold(layer, layer.base_layer.weight, layer.lora_A[lora.ADAPTER].weight,
+                                                    layer.lora_B[lora.ADAPTER].weight, self.autocast_dtype)
+            self._low_precision = (self.weight_version, casts)
+        # tie_weights=False: a tied output embedding takes the cast, the input embedding keeps float32
+        return functional_call(self.model, self._low_precision[1], (), kwargs, tie_weights=False, strict=False)
 
     def _generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
         input_ids = prompts.input_ids.to(self.device)
