@@ -338,9 +338,11 @@ def test_a_stuck_or_dead_engine_core_is_an_error_within_the_deadline(registry, m
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import SamplingParams
 
+    # 10 s, not less: a healthy engine core beside a busy test suite (CI runs the engine lanes beside
+    # the main suite) went 3 s without a token (2026-12-07, load ~4).
     before = engine_core_pids()
     generation = build(registry, models[0], "generation", "policy.generation.vllm.async_engine=true",
-                       "cluster.call_timeout_s=3")
+                       "cluster.call_timeout_s=10")
     [core] = engine_core_pids() - before
     inputs = prompt_batch(load_tokenizer(str(models[0])), ["12>", "345>"])
     sampling = SamplingParams(max_new_tokens=8)
@@ -348,16 +350,16 @@ def test_a_stuck_or_dead_engine_core_is_an_error_within_the_deadline(registry, m
         assert generation.generate(inputs, sampling).response_lengths.tolist() == [8, 8]
         os.kill(core, signal.SIGSTOP)
         started = time.monotonic()
-        with pytest.raises(VLLMEngineError, match=r"no token for 3 s \(cluster.call_timeout_s\)"):
+        with pytest.raises(VLLMEngineError, match=r"no token for 10 s \(cluster.call_timeout_s\)"):
             generation.generate(inputs, sampling)
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < 20
         generation.submit("s", inputs, sampling)
-        [(request_id, error)] = generation.poll(timeout_s=10)
+        [(request_id, error)] = generation.poll(timeout_s=25)
         assert request_id == "s" and isinstance(error, VLLMEngineError) and "cluster.call_timeout_s" in str(error)
         started = time.monotonic()
-        with pytest.raises(VLLMEngineError, match=r"did not answer pause_generation\(mode='wait'\) within 3 s"):
+        with pytest.raises(VLLMEngineError, match=r"did not answer pause_generation\(mode='wait'\) within 10 s"):
             generation.pause_generation(keep_in_flight=False)
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < 20
         os.kill(core, signal.SIGCONT)
         os.kill(core, signal.SIGKILL)
         started = time.monotonic()
