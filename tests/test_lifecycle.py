@@ -59,11 +59,10 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     assert "val/accuracy" in metrics_of(a)[7] and "val/pass_k" in metrics_of(a)[7]  # validated at step 8
 
 
-@pytest.mark.slow
-def test_bfloat16_moments_resume_after_sigkill_is_exact(tmp_path):
-    """policy.optimizer.moments_dtype=bfloat16: the moments are saved in bfloat16 and the rounding
-    noise comes from (seed, step), so a run killed after a checkpoint resumes into the same run."""
-    args = ["run", "--run-dir", "run", "grpo.max_num_steps=8", "policy.optimizer.moments_dtype=bfloat16", *SMALL]
+def killed_after_a_checkpoint_and_resumed(tmp_path, *overrides: str):
+    """An uninterrupted run and the same run SIGKILLed at step 6 (after the step-4 checkpoint) then
+    resumed: their run directories, both finished."""
+    args = ["run", "--run-dir", "run", *overrides, *SMALL]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     reference = run_grpoctl(*args, cwd=tmp_path / "a")
@@ -72,12 +71,20 @@ def test_bfloat16_moments_resume_after_sigkill_is_exact(tmp_path):
     resumed = run_grpoctl("run", "--resume", "run", cwd=tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 4" in resumed.stdout
-    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    return tmp_path / "a" / "run", tmp_path / "b" / "run"
+
+
+@pytest.mark.slow
+def test_bfloat16_moments_resume_after_sigkill_is_exact(tmp_path):
+    """policy.optimizer.moments_dtype=bfloat16: the moments are saved in bfloat16 and the rounding
+    noise comes from (seed, step), so a run killed after a checkpoint resumes into the same run."""
+    from safetensors import safe_open
+
+    a, b = killed_after_a_checkpoint_and_resumed(tmp_path, "grpo.max_num_steps=8",
+                                                 "policy.optimizer.moments_dtype=bfloat16")
     assert metrics_of(b) == metrics_of(a)
     assert final_weights(b) == final_weights(a)
     saved = CheckpointManager(CheckpointingConfig(), a).latest() / "policy" / "optimizer.safetensors"
-    from safetensors import safe_open
-
     with safe_open(str(saved), "pt") as f:
         dtypes = {f.get_slice(key).get_dtype() for key in f.keys() if "exp_avg" in key}
     assert dtypes == {"BF16"}
@@ -88,18 +95,8 @@ def test_lora_resume_after_sigkill_is_exact(tmp_path):
     """policy.lora: the checkpoint holds the adapters and their optimizer state only (the base is the
     model's own files); killed after a checkpoint and resumed, the run is the uninterrupted one."""
     pytest.importorskip("peft")
-    args = ["run", "--run-dir", "run", "grpo.max_num_steps=10", "policy.lora.enabled=true",
-            "loss_fn.reference_policy_kl_penalty=0.01", *SMALL]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    reference = run_grpoctl(*args, cwd=tmp_path / "a")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    run_and_kill_after(args, tmp_path / "b", step=6)
-    resumed = run_grpoctl("run", "--resume", "run", cwd=tmp_path / "b")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from step 4" in resumed.stdout
-
-    a, b = tmp_path / "a" / "run", tmp_path / "b" / "run"
+    a, b = killed_after_a_checkpoint_and_resumed(tmp_path, "grpo.max_num_steps=10", "policy.lora.enabled=true",
+                                                 "loss_fn.reference_policy_kl_penalty=0.01")
     assert metrics_of(b) == metrics_of(a)
     adapters = [CheckpointManager(CheckpointingConfig(), run).latest() / "policy" / "adapter_model.safetensors"
                 for run in (a, b)]
