@@ -55,7 +55,8 @@ def main() -> int:
     from grpo_sdk.environments.calculator import CalculatorEnvironment
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.plugins.tools import Tool
-    from grpo_sdk.trainer.data import EnvironmentPrompts, PromptBuilder
+    from grpo_sdk.trainer.data import PromptBuilder
+    from grpo_sdk.trainer.prompt_sources import EnvironmentPrompts
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
     torch.set_num_threads(1)

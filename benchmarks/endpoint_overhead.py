@@ -182,7 +182,8 @@ class Bench:
         from grpo_sdk.plugins.registry import Registry
         from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
         from grpo_sdk.serving.endpoint import Endpoint, EndpointSettings
-        from grpo_sdk.trainer.data import EnvironmentPrompts, PromptBuilder
+        from grpo_sdk.trainer.data import PromptBuilder
+        from grpo_sdk.trainer.prompt_sources import EnvironmentPrompts
 
         model = build_tiny_gpt2(work / "model", seed=0)
         registry = Registry.discover()

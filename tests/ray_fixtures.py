@@ -114,7 +114,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory):
              files={"grpo_test_count_turns.py": COUNT_TURNS})
     site.add("grpo-test-slow-hf", entry_points={"grpo_sdk.generation": {"slow-hf": "grpo_test_slow_hf:SPEC"}},
              files={"grpo_test_slow_hf.py": SLOW_HF})
-    from grpo_sdk.runtime.ray_runtime import start_local_cluster
+    from grpo_sdk.runtime.local_cluster import start_local_cluster
 
     cluster = None
     if not ray.is_initialized():  # as the runtime starts one: loopback only, token auth, a watchdog

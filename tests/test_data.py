@@ -16,6 +16,7 @@ import pytest
 
 from grpo_sdk.config import schema as C
 from grpo_sdk.trainer import data as D
+from grpo_sdk.trainer import prompt_sources as sources
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.environments.specs import ReverseDigitsConfig
@@ -90,7 +91,7 @@ def test_every_format_gives_the_same_prompts(tmp_path, tokenizer):
     paths = [write_jsonl(tmp_path / "d.jsonl", ROWS), write_jsonl(tmp_path / "d.json", ROWS),
              write_parquet(tmp_path / "d.parquet", ROWS), write_dataset_dir(tmp_path / "ds", ROWS),
              write_dataset_dir(tmp_path / "dd", ROWS, split="train")]
-    loaded = [D.make_prompt_source(make_cfg(train_path=str(p), shuffle=False), ENV, tokenizer, 64).prompts
+    loaded = [sources.make_prompt_source(make_cfg(train_path=str(p), shuffle=False), ENV, tokenizer, 64).prompts
               for p in paths]
     for prompts in loaded:
         assert [(p.text, p.metadata, p.token_ids) for p in prompts] == [
@@ -104,7 +105,7 @@ def test_every_format_gives_the_same_prompts(tmp_path, tokenizer):
 def test_prompt_template_fills_in_row_keys_and_tokenizes_like_the_rollout(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", ROWS[:3])
     cfg = make_cfg(train_path=str(path), shuffle=False, prompt_template="Q{n}: {prompt} A:")
-    prompts = D.make_prompt_source(cfg, ENV, tokenizer, 64).prompts
+    prompts = sources.make_prompt_source(cfg, ENV, tokenizer, 64).prompts
     assert prompts[2].text == f"Q2: {ROWS[2]['prompt']} A:"
     assert list(prompts[2].token_ids) == tokenizer(prompts[2].text, add_special_tokens=True)["input_ids"]
     assert prompts[2].token_ids[0] == tokenizer.bos_token_id
@@ -114,7 +115,7 @@ def test_chat_template_ids_are_the_tokenizers_with_one_bos(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", ROWS[:3])
     cfg = make_cfg(train_path=str(path), shuffle=False, use_chat_template=True, system_prompt="Be brief.",
                    prompt_template="{prompt}?")
-    prompt = D.make_prompt_source(cfg, ENV, tokenizer, 64).prompts[1]
+    prompt = sources.make_prompt_source(cfg, ENV, tokenizer, 64).prompts[1]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ROWS[1]["prompt"] + "?"}]
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert list(prompt.token_ids) == list(expected)
@@ -126,14 +127,14 @@ def test_chat_template_ids_are_the_tokenizers_with_one_bos(tmp_path, tokenizer):
 def test_chat_template_without_one_in_the_tokenizer_is_a_config_error(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", ROWS[:3])
     with pytest.raises(ConfigError, match="data.use_chat_template: is true, but the tokenizer .* has no chat_template"):
-        D.make_prompt_source(make_cfg(train_path=str(path), use_chat_template=True), ENV, build_tokenizer(None), 64)
+        sources.make_prompt_source(make_cfg(train_path=str(path), use_chat_template=True), ENV, build_tokenizer(None), 64)
 
 
 def test_template_key_missing_from_a_row_names_the_row(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "topic": "x"}, {"prompt": "b"}])
     with pytest.raises(DataError, match=r"d.jsonl line 2: data.prompt_template '\[{topic}\] {prompt}' needs "
                                         r"'topic', which the row lacks"):
-        D.make_prompt_source(make_cfg(train_path=str(path), prompt_template="[{topic}] {prompt}"), ENV, tokenizer, 64)
+        sources.make_prompt_source(make_cfg(train_path=str(path), prompt_template="[{topic}] {prompt}"), ENV, tokenizer, 64)
 
 
 # --- long prompts ---------------------------------------------------------------------------------
@@ -148,19 +149,19 @@ def test_long_prompt_is_an_error_naming_the_row_and_the_limit(tmp_path, tokenize
     limit = lengths[5]
     with pytest.raises(DataError, match=rf"d.parquet row 6: prompt is {lengths[6]} tokens, longer than the {limit} "
                                         r"allowed .*data.filter_long_prompts=true drops such prompts"):
-        D.make_prompt_source(make_cfg(train_path=str(path)), ENV, tokenizer, limit)
+        sources.make_prompt_source(make_cfg(train_path=str(path)), ENV, tokenizer, limit)
 
 
 def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer, caplog):
     path = write_jsonl(tmp_path / "d.jsonl", LONG_ROWS)
     limit = len(tokenizer(LONG_ROWS[5]["prompt"])["input_ids"])
     with caplog.at_level(logging.WARNING, logger="grpo_sdk.trainer.data"):
-        source = D.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, limit)
+        source = sources.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, limit)
     assert len(source.prompts) == 6
     assert sorted(p.metadata["k"] for p in source.prompts) == [0, 1, 2, 3, 4, 5]
     assert "dropped 4 of 10 prompts longer than" in caplog.text and "d.jsonl line 7" in caplog.text
     with pytest.raises(DataError, match="every prompt of .* is longer than 2 tokens"):
-        D.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, 2)
+        sources.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, tokenizer, 2)
 
 
 # --- malformed rows -------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def test_malformed_rows_are_named(tmp_path, fmt, rows, message):
               "parquet": lambda: write_parquet(tmp_path / "d.parquet", rows),
               "datasets": lambda: write_dataset_dir(tmp_path / "ds", rows)}[fmt]
     with pytest.raises(DataError, match=message):
-        D.make_prompt_source(make_cfg(train_path=str(writer())), ENV)
+        sources.make_prompt_source(make_cfg(train_path=str(writer())), ENV)
 
 
 def test_unreadable_inputs_are_named(tmp_path):
@@ -202,7 +203,7 @@ def test_unreadable_inputs_are_named(tmp_path):
                           ("notds", r"notds: not a directory saved by datasets' save_to_disk"),
                           ("missing.jsonl", r"missing.jsonl: no such file or directory")]:
         with pytest.raises(DataError, match=message):
-            D.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
+            sources.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
 
 
 def test_bytes_fifos_and_depth_are_named_by_file_and_line(tmp_path):
@@ -218,31 +219,31 @@ def test_bytes_fifos_and_depth_are_named_by_file_and_line(tmp_path):
                           ("deep.jsonl", r"deep.jsonl line 2: nested too deeply"),
                           ("pipe.jsonl", r"pipe.jsonl: is a FIFO \(named pipe\), not a regular file")]:
         with pytest.raises(DataError, match=message):
-            D.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
+            sources.make_prompt_source(make_cfg(train_path=str(tmp_path / name)), ENV)
     with pytest.raises(DataError, match=r"pipe.jsonl: is a FIFO"):
-        D.make_validation_prompts(make_cfg(validation_path=str(tmp_path / "pipe.jsonl")), ENV)
+        sources.make_validation_prompts(make_cfg(validation_path=str(tmp_path / "pipe.jsonl")), ENV)
 
 
 def test_a_template_that_does_not_fit_a_row_names_the_row(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "n": 1}, {"prompt": "b", "n": "two"}])
     with pytest.raises(DataError, match=r"d.jsonl line 2: data.prompt_template '{n:03d} {prompt}' cannot be filled "
                                         r"from this row: Unknown format code 'd'"):
-        D.make_prompt_source(make_cfg(train_path=str(path), prompt_template="{n:03d} {prompt}"), ENV)
+        sources.make_prompt_source(make_cfg(train_path=str(path), prompt_template="{n:03d} {prompt}"), ENV)
 
 
 def test_a_dataset_smaller_than_a_step_is_refused(tmp_path):
     path = str(write_jsonl(tmp_path / "d.jsonl", ROWS[:3]))
     with pytest.raises(DataError, match=r"data.train_path: .*d.jsonl holds 3 prompts, fewer than the "
                                         r"grpo.num_prompts_per_step=4 every step draws"):
-        D.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=4), ENV)
-    assert len(D.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=3), ENV).prompts) == 3
+        sources.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=4), ENV)
+    assert len(sources.make_prompt_source(make_cfg(train_path=path, num_prompts_per_step=3), ENV).prompts) == 3
     other = str(write_jsonl(tmp_path / "e.jsonl", ROWS[:2]))
     mixed = make_cfg(num_prompts_per_step=6, use_multiple_dataloader=True,
                      datasets=[C.DatasetConfig(path=path), C.DatasetConfig(path=other)])
     with pytest.raises(DataError, match=r"data.datasets: .*d.jsonl, .*e.jsonl holds 5 prompts, fewer than"):
-        D.make_prompt_source(mixed, ENV)
+        sources.make_prompt_source(mixed, ENV)
     # A validation set is a prefix of at most max_val_samples rows: a small one is fine.
-    assert len(D.make_validation_prompts(make_cfg(validation_path=path, num_prompts_per_step=8), ENV)) == 3
+    assert len(sources.make_validation_prompts(make_cfg(validation_path=path, num_prompts_per_step=8), ENV)) == 3
 
 
 # --- order and epochs -----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def draw(source, steps, count):
 
 def test_shuffle_is_a_fresh_permutation_per_epoch_seeded_by_seed_and_epoch(tmp_path):
     path = str(write_jsonl(tmp_path / "d.jsonl", ROWS))
-    build = lambda seed, shuffle=True: D.make_prompt_source(make_cfg(seed, train_path=path, shuffle=shuffle), ENV)
+    build = lambda seed, shuffle=True: sources.make_prompt_source(make_cfg(seed, train_path=path, shuffle=shuffle), ENV)
     epochs = [texts(build(1).next_prompts(90))[i * 30:(i + 1) * 30] for i in range(3)]
     assert all(sorted(e) == sorted(r["prompt"] for r in ROWS) for e in epochs)
     assert epochs[0] != epochs[1] != epochs[2]
@@ -264,7 +265,7 @@ def test_shuffle_is_a_fresh_permutation_per_epoch_seeded_by_seed_and_epoch(tmp_p
 
 
 def test_epochs_count_completed_passes(tmp_path):
-    source = D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "d.jsonl", ROWS[:10]))), ENV)
+    source = sources.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "d.jsonl", ROWS[:10]))), ENV)
     seen = []
     for _ in range(6):
         source.next_prompts(4)
@@ -281,7 +282,7 @@ def mixture(tmp_path, weights, sizes, **data):
         key = "question" if i == 1 else "prompt"  # the second dataset uses its own prompt_key
         path = write_jsonl(tmp_path / f"mix{i}.jsonl", [{key: f"d{i} row {j}", "ds": i} for j in range(n)])
         datasets.append(C.DatasetConfig(path=str(path), weight=w, prompt_key=key if i == 1 else None))
-    return D.make_prompt_source(make_cfg(use_multiple_dataloader=True, datasets=datasets, **data), ENV)
+    return sources.make_prompt_source(make_cfg(use_multiple_dataloader=True, datasets=datasets, **data), ENV)
 
 
 @pytest.mark.parametrize("weights, count, steps, expected", [
@@ -322,7 +323,7 @@ def roundtrip(build, advance):
 @pytest.mark.parametrize("drawn", [13, 30, 58])  # mid-epoch, exactly at the boundary, the epoch after
 def test_dataset_state_resumes_the_exact_sequence(tmp_path, drawn):
     path = str(write_jsonl(tmp_path / "d.jsonl", ROWS))
-    original, resumed = roundtrip(lambda: D.make_prompt_source(make_cfg(train_path=path), ENV),
+    original, resumed = roundtrip(lambda: sources.make_prompt_source(make_cfg(train_path=path), ENV),
                                   lambda s: s.next_prompts(drawn))
     assert resumed.epoch == original.epoch == drawn // 30
     assert draw(resumed, 8, 7) == draw(original, 8, 7)  # crosses at least one more epoch boundary
@@ -335,19 +336,19 @@ def test_mixture_state_resumes_the_exact_sequence(tmp_path):
 
 
 def test_environment_state_resumes_the_exact_sequence(tokenizer):
-    build = lambda: D.make_prompt_source(make_cfg(), ENV, tokenizer, 64)
+    build = lambda: sources.make_prompt_source(make_cfg(), ENV, tokenizer, 64)
     original, resumed = roundtrip(build, lambda s: s.next_prompts(11))
     a, b = resumed.next_prompts(9), original.next_prompts(9)
     assert a == b and a[0].source == "reverse_digits prompt 11" and a[0].token_ids is not None
 
 
 def test_state_from_other_data_is_refused(tmp_path):
-    a = D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "a.jsonl", ROWS))), ENV)
-    b = D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "b.jsonl", ROWS[:20]))), ENV)
+    a = sources.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "a.jsonl", ROWS))), ENV)
+    b = sources.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "b.jsonl", ROWS[:20]))), ENV)
     with pytest.raises(DataError, match=r"does not match this run's data.*size: saved 30, now 20"):
         b.load_state_dict(a.state_dict())
     with pytest.raises(DataError, match=r"saved from a 'dataset' prompt source, but this run reads a 'environment'"):
-        D.make_prompt_source(make_cfg(), ENV).load_state_dict(a.state_dict())
+        sources.make_prompt_source(make_cfg(), ENV).load_state_dict(a.state_dict())
 
 
 # --- workers, validation, compatibility -----------------------------------------------------------
@@ -356,27 +357,27 @@ def test_state_from_other_data_is_refused(tmp_path):
 def test_worker_processes_give_identical_prompts(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(D, "PARALLEL_MIN_ROWS", 0)  # the real threshold is thousands of rows
     path = str(write_jsonl(tmp_path / "d.jsonl", ROWS * 3))
-    build = lambda workers: D.make_prompt_source(make_cfg(train_path=path, num_workers=workers,
+    build = lambda workers: sources.make_prompt_source(make_cfg(train_path=path, num_workers=workers,
                                                           use_chat_template=True), ENV, tokenizer, 64).prompts
     assert build(2) == build(1)
 
 
 def test_validation_prompts_are_fixed_and_apart_from_training(tmp_path, tokenizer):
     cfg = make_cfg(seed=3, max_val_samples=16)
-    first, second = (D.make_validation_prompts(cfg, ENV, tokenizer, 64) for _ in range(2))
+    first, second = (sources.make_validation_prompts(cfg, ENV, tokenizer, 64) for _ in range(2))
     assert first == second and len(first) == 16
-    assert texts(first) != texts(D.make_prompt_source(cfg, ENV, tokenizer, 64).next_prompts(16))
+    assert texts(first) != texts(sources.make_prompt_source(cfg, ENV, tokenizer, 64).next_prompts(16))
     path = str(write_jsonl(tmp_path / "val.jsonl", ROWS))
-    from_file = D.make_validation_prompts(make_cfg(max_val_samples=5, validation_path=path, shuffle=True), ENV)
+    from_file = sources.make_validation_prompts(make_cfg(max_val_samples=5, validation_path=path, shuffle=True), ENV)
     assert texts(from_file) == [r["prompt"] for r in ROWS[:5]]  # file order, never shuffled
-    assert D.make_validation_prompts(make_cfg(), object()) is None
+    assert sources.make_validation_prompts(make_cfg(), object()) is None
 
 
 def test_without_a_tokenizer_prompts_carry_no_token_ids(tmp_path):
     """The loop's two-argument call keeps working: the rollout then tokenizes and length-checks."""
-    source = D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "d.jsonl", ROWS))), ENV)
+    source = sources.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "d.jsonl", ROWS))), ENV)
     assert all(p.token_ids is None for p in source.next_prompts(5))
-    assert D.make_prompt_source(make_cfg(), ENV).next_prompts(2)[0].token_ids is None
+    assert sources.make_prompt_source(make_cfg(), ENV).next_prompts(2)[0].token_ids is None
 
 
 # --- conversational rows (messages) ---------------------------------------------------------------
@@ -387,7 +388,7 @@ CHATS = [{"messages": [{"role": "user", "content": f"how many apples {i}"}], "an
 
 def test_messages_rows_are_rendered_with_the_chat_template(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
-    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
+    prompts = sources.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
     messages = [{"role": "user", "content": "how many apples 2"}]
     assert prompts[2].messages == tuple(messages) and prompts[2].metadata == {"answer": "2"}
     assert prompts[2].text == tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -409,7 +410,7 @@ def test_a_prompt_key_holding_messages_is_conversational_and_plain_rows_may_mix(
 
 def test_messages_rows_from_parquet(tmp_path, tokenizer):
     path = write_parquet(tmp_path / "chat.parquet", CHATS)
-    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
+    prompts = sources.make_prompt_source(make_cfg(train_path=str(path), shuffle=False), ENV, tokenizer, 64).prompts
     assert prompts[4].messages == ({"role": "user", "content": "how many apples 4"},)
     assert prompts[4].source == f"{path} row 4"
 
@@ -417,7 +418,7 @@ def test_messages_rows_from_parquet(tmp_path, tokenizer):
 def test_the_system_prompt_goes_first_unless_the_row_has_one(tmp_path, tokenizer):
     rows = [CHATS[0], {"messages": [{"role": "system", "content": "Own."}, {"role": "user", "content": "hi"}]}]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
-    prompts = D.make_prompt_source(make_cfg(train_path=str(path), shuffle=False, system_prompt="Be brief."), ENV,
+    prompts = sources.make_prompt_source(make_cfg(train_path=str(path), shuffle=False, system_prompt="Be brief."), ENV,
                                    tokenizer, 64).prompts
     assert [m["role"] for m in prompts[0].messages] == ["system", "user"]
     assert prompts[0].messages[0]["content"] == "Be brief." and prompts[0].text.startswith("<s><|system|>Be brief.")
@@ -440,14 +441,14 @@ def test_the_system_prompt_goes_first_unless_the_row_has_one(tmp_path, tokenizer
 def test_malformed_messages_are_named_by_row_and_message(tmp_path, tokenizer, messages, message):
     path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": messages, "answer": "1"}])
     with pytest.raises(DataError, match=message):
-        D.make_prompt_source(make_cfg(train_path=str(path), num_prompts_per_step=1), ENV, tokenizer, 64)
+        sources.make_prompt_source(make_cfg(train_path=str(path), num_prompts_per_step=1), ENV, tokenizer, 64)
 
 
 def test_messages_without_a_chat_template_name_the_row(tmp_path):
     path = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": "plain"}, *CHATS])
     with pytest.raises(DataError, match=r"chat.jsonl line 2: a conversational row \(messages\) is rendered with the "
                                         r"tokenizer's chat template, but the tokenizer .* has none"):
-        D.make_prompt_source(make_cfg(train_path=str(path)), ENV, build_tokenizer(None), 64)
+        sources.make_prompt_source(make_cfg(train_path=str(path)), ENV, build_tokenizer(None), 64)
 
 
 def test_a_template_the_chat_template_rejects_names_the_row(tmp_path):
@@ -456,23 +457,23 @@ def test_a_template_the_chat_template_rejects_names_the_row(tmp_path):
     rows = [*CHATS[:2], {"messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]}]
     with pytest.raises(DataError, match=r"chat.jsonl line 3: the tokenizer's chat template cannot render this "
                                         r"conversation: TemplateError: no tools"):
-        D.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "chat.jsonl", rows))), ENV, strict, 64)
+        sources.make_prompt_source(make_cfg(train_path=str(write_jsonl(tmp_path / "chat.jsonl", rows))), ENV, strict, 64)
 
 
 def test_a_prompt_template_is_refused_for_messages_rows(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
     with pytest.raises(DataError, match=r"line 1: data.prompt_template formats plain-text prompts, but this row is "
                                         r"conversational"):
-        D.make_prompt_source(make_cfg(train_path=str(path), prompt_template="Q: {prompt}"), ENV, tokenizer, 64)
+        sources.make_prompt_source(make_cfg(train_path=str(path), prompt_template="Q: {prompt}"), ENV, tokenizer, 64)
 
 
 def test_messages_rows_without_a_tokenizer_are_rendered_by_the_rollout_alike(tmp_path, tokenizer):
     from grpo_sdk.trainer.rollout import tokenize_prompts
 
     path = str(write_jsonl(tmp_path / "chat.jsonl", CHATS))
-    bare = D.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV).prompts
-    loaded = D.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV, tokenizer, 64).prompts
+    bare = sources.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV).prompts
+    loaded = sources.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV, tokenizer, 64).prompts
     assert all(p.token_ids is None and p.messages is not None for p in bare)
     assert tokenize_prompts(tokenizer, bare, 64) == [list(p.token_ids) for p in loaded]
-    assert D._fingerprint(bare) != D._fingerprint(D.make_prompt_source(
+    assert sources._fingerprint(bare) != sources._fingerprint(sources.make_prompt_source(
         make_cfg(train_path=str(write_jsonl(tmp_path / "other.jsonl", CHATS[::-1])), shuffle=False), ENV).prompts)

@@ -102,7 +102,7 @@ def test_a_name_that_is_neither_a_hub_id_nor_a_directory(tmp_path):
 def test_columns_and_max_rows_apply_to_local_files_too(tmp_path):
     from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
-    from grpo_sdk.trainer.data import make_prompt_source
+    from grpo_sdk.trainer.prompt_sources import make_prompt_source
 
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"q": digits(i, 5) + ">", "a": digits(i, 5)[::-1]}) + "\n" for i in range(30)))

@@ -175,7 +175,7 @@ def test_a_local_cluster_is_always_new_never_the_last_cluster_started_on_the_mac
     try:
         (temp / "ray").mkdir()
         (temp / "ray" / "ray_current_cluster").write_text(two_nodes.address)
-        code = ("import json, ray; from grpo_sdk.runtime.ray_runtime import start_local_cluster; "
+        code = ("import json, ray; from grpo_sdk.runtime.local_cluster import start_local_cluster; "
                 "c = start_local_cluster(num_cpus=1, include_dashboard=False); "
                 "print(json.dumps([c.address, len(ray.nodes())])); c.stop()")
         result = subprocess.run([sys.executable, "-c", code], env={**two_nodes.env, "RAY_TMPDIR": str(temp)},

@@ -262,26 +262,26 @@ def test_a_driver_killed_with_sigkill_leaves_no_process_of_its_cluster():
 
 def test_token_auth_is_on_by_default_and_an_explicit_setting_is_kept(monkeypatch, caplog):
     pytest.importorskip("ray", reason="the Ray runtime needs ray")
-    from grpo_sdk.runtime import ray_runtime
+    from grpo_sdk.runtime import local_cluster
 
-    monkeypatch.setattr(ray_runtime, "_refresh_ray_auth", lambda: None)  # this process may hold a live cluster
+    monkeypatch.setattr(local_cluster, "_refresh_ray_auth", lambda: None)  # this process may hold a live cluster
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
-    saved = ray_runtime._token_auth()
+    saved = local_cluster._token_auth()
     assert saved == {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None}
     token = os.environ["RAY_AUTH_TOKEN"]
     assert os.environ["RAY_AUTH_MODE"] == "token" and len(bytes.fromhex(token)) == 32
-    ray_runtime._set_env(saved)
+    local_cluster._set_env(saved)
     assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN" not in os.environ
 
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/operator/token")  # the operator's token is used, none generated
-    ray_runtime._token_auth()
+    local_cluster._token_auth()
     assert os.environ["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" not in os.environ
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # never overridden, never silent
-    with caplog.at_level("WARNING", logger="grpo_sdk.runtime.ray_runtime"):
-        ray_runtime._token_auth()
+    with caplog.at_level("WARNING", logger="grpo_sdk.runtime.local_cluster"):
+        local_cluster._token_auth()
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_AUTH_TOKEN" not in os.environ
     assert "RAY_AUTH_MODE=disabled: the local Ray cluster runs without token authentication" in caplog.text
 

@@ -47,7 +47,7 @@ def forget_address(address: str) -> None:
 def watch_new_processes(before: dict[int, int]) -> object:
     """The runtime's watchdog over this process's children started since ``before`` (a node's
     raylet and GCS) and their descendants: Ray's agents outlive a stopped node by a minute."""
-    from grpo_sdk.runtime.ray_runtime import _children, _start_watchdog
+    from grpo_sdk.runtime.local_cluster import _children, _start_watchdog
 
     return _start_watchdog({pid: t for pid, t in _children(os.getpid()).items() if before.get(pid) != t})
 
@@ -55,7 +55,7 @@ def watch_new_processes(before: dict[int, int]) -> object:
 def main() -> None:
     from ray.cluster_utils import Cluster
 
-    from grpo_sdk.runtime.ray_runtime import _children
+    from grpo_sdk.runtime.local_cluster import _children
 
     cpus = int(sys.argv[1])
     node_args = {"num_cpus": cpus, "object_store_memory": OBJECT_STORE_BYTES, "include_dashboard": False}

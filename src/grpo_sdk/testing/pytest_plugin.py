@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_sdk.testing import Component, parse_component
+from grpo_sdk.testing.checks import Component, parse_component
 
 INI_HELP = ('grpo-sdk components to run the contract tests for: "kind:name" plus optional config overrides '
             'for the training run, e.g. "generation:acme".')

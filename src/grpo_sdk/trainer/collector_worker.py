@@ -91,7 +91,7 @@ class CollectorWorker(ComponentWorker):
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from grpo_sdk.core.models import load_tokenizer
         from grpo_sdk.trainer.async_rollouts import open_collector
-        from grpo_sdk.trainer.data import make_prompt_source
+        from grpo_sdk.trainer.prompt_sources import make_prompt_source
         from grpo_sdk.trainer.step_rollouts import StepRollouts
 
         if Path(spec.cwd).is_dir():

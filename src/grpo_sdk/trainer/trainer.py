@@ -55,68 +55,15 @@ from grpo_sdk.runtime import make_runtime
 from grpo_sdk.runtime.allocator import release_freed_memory, while_training
 from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
-from grpo_sdk.trainer.data import make_prompt_source, make_validation_prompts
+from grpo_sdk.trainer.prompt_sources import make_prompt_source, make_validation_prompts
 from grpo_sdk.trainer.episodes import episode_metrics, override_turn_advantages
 from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
+from grpo_sdk.trainer.state import Components, TrainerState
 from grpo_sdk.trainer.step_rollouts import StepRollouts
 
 VALIDATION_SEED_OFFSET = 7_919  # validation's sampling seed is grpo.seed + this + step
-REWARD_TAIL = 10  # the summary's reward_last is the mean over this many last steps
-
-
-@attrs.define(kw_only=True)
-class TrainerState:
-    """Everything besides files (weights, optimizer, torch's RNG) that decides what the run does
-    next. It is ``training_state.json`` in each checkpoint: ``to_json`` / ``from_json`` round-trip."""
-
-    step: int = 0
-    next_group_id: int = 0  # group ids keep counting across steps, so groups never collide
-    data: dict[str, Any] = attrs.field(factory=dict)  # the prompt source's position
-    python_random: list[Any] | None = None  # random.getstate(), as JSON lists
-    reward_first: float | None = None  # mean reward of the first step: the starting level
-    reward_tail: list[float] = attrs.field(factory=list)  # the last REWARD_TAIL steps' mean rewards
-    validation: dict[str, float] = attrs.field(factory=dict)  # the last validation's metrics
-    ranking_metric: float | None = None  # checkpointing.metric_name's value at this checkpoint
-    reward_failures: list[list[int]] = attrs.field(factory=list)  # [failed, scored] of recent batches
-    rollouts: dict[str, Any] = attrs.field(factory=dict)  # async GRPO: the trained epoch, the data cut
-
-    def record_reward(self, reward: float) -> None:
-        if self.reward_first is None:
-            self.reward_first = reward
-        self.reward_tail = (self.reward_tail + [reward])[-REWARD_TAIL:]
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainerState:
-        known = {f.name for f in attrs.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})  # older checkpoints lack newer fields
-
-
-@attrs.frozen(kw_only=True)
-class Components:
-    """What ``setup`` built for the run, and what the step derives once from the config."""
-
-    context: RunContext
-    runtime: Any
-    policy: Any
-    generation: Any
-    environment: Any
-    estimator: Any
-    weight_sync: Any
-    loss_fn: ClippedPGLoss
-    teacher: Any  # on-policy distillation's teacher policy, or None
-    tokenizer: Any
-    prompts: Any  # the training prompt source (dataset, mixture or environment)
-    step_rollouts: StepRollouts  # draws, generates and scores a step's rollouts from ``prompts``
-    val_prompts: list[Any]
-    sampling: SamplingParams
-    max_prompt_tokens: int
-    needs_prev_logprobs: bool  # frozen "old" logprobs: several optimizer steps, or a consumer of them
-    loggers: list[Any] = attrs.field(factory=list)
 
 
 class GRPOTrainer:
