@@ -15,13 +15,14 @@
 # megatron-core + mbridge, constrained to the main venv's freeze); benchmarks/gpu/test_carry.sh checks
 # it is complete (pip check in a fresh Python 3.12 venv, installed with no index).
 #
-#   bash benchmarks/gpu/build_carry.sh   # env: MCORE_VERSIONS (default "0.16.1 0.19.2"), PYTHON,
-#                                        #      CARRY_DIR (default benchmarks/gpu/carry)
+#   bash benchmarks/gpu/build_carry.sh   # env: MCORE_VERSIONS (default "0.16.1 0.19.2"), WITH_TRL
+#                                        #      (default 1), PYTHON, CARRY_DIR (default benchmarks/gpu/carry)
 #
 # Layout (the same as benchmarks/gpu/megatron_wheels.sh's, so run_check_megatron.sh reads it too):
 #   carry/common/           grpo-sdk (this working tree, uncommitted changes included, as a wheel),
 #                           its runtime closure, peft, accelerate, mbridge
 #   carry/mcore-VERSION/    one megatron-core wheel per version (0.16.1: CI's; 0.19.2: the newest)
+#   carry/trl/              trl, datasets, dill, multiprocess (WITH_TRL=0: none)
 #   carry/pyproject.sha256  run_all.sh warns when pyproject.toml (the entry points) changed since
 #
 # Then on the GPU machine, one device call (carry ["benchmarks/gpu/carry"], timeout_s 600):
@@ -57,9 +58,15 @@ COMMON=(
     # peft / accelerate
     psutil==7.2.2
 )
+# TRL's GRPOTrainer, for check_hf.py's side-by-side figures (issue 42 item 1: "if TRL can travel"):
+# 1.8 MiB with datasets, dill and multiprocess. What else they need is on the image (pyarrow, pandas,
+# xxhash, jinja2), but datasets 5.2 needs pyarrow >= 24 and the image's version is not recorded:
+# run_all.sh reports whether trl imports there, and fails nothing when it does not. WITH_TRL=0 leaves
+# it out. The trl version is not the main venv's (it has none): the newest at the time of writing.
+TRL=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
 
 # Only what this script writes: CARRY_DIR may name a folder that holds other things.
-rm -rf "$dest/common" "$dest"/mcore-* "$dest/pyproject.sha256"
+rm -rf "$dest/common" "$dest"/mcore-* "$dest/trl" "$dest/pyproject.sha256"
 mkdir -p "$dest/common"
 # pip matches each manylinux tag exactly: name the ones these wheels carry and older ones.
 download=(nice -n 19 timeout 300 "$python" -m pip download --quiet --no-deps --only-binary=:all:
@@ -69,6 +76,7 @@ for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 man
     download+=(--platform "$tag")
 done
 "${download[@]}" -d "$dest/common" "${COMMON[@]}"
+[ "${WITH_TRL:-1}" = 0 ] || "${download[@]}" -d "$dest/trl" "${TRL[@]}"
 for version in $versions; do
     "${download[@]}" -d "$dest/mcore-$version" "megatron-core==$version"
 done

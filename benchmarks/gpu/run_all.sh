@@ -8,6 +8,8 @@
 #
 #   bash benchmarks/gpu/run_all.sh [--setup-only]   # --setup-only: install and import, run no check
 #
+# TRL (carry/trl, optional) is installed beside and reported: whether `from trl import GRPOTrainer`
+# works there (datasets needs the image's pyarrow >= 24) is printed, never a setup failure.
 # Environment: BUDGET_S (default 540: the whole script, install included, so that a 600 s call
 # returns with its files), HF_TIMEOUT (300) and MEGATRON_TIMEOUT (280): the most each check gets,
 # cut to what is left of the budget; MCORE_VERSIONS (default "0.16.1", CI's version; "0.16.1 0.19.2"
@@ -65,7 +67,9 @@ setup() {
              "be stale (rebuild with build_carry.sh)"
     fi
     local t0=$SECONDS
-    install "$site" "$carry"/common/*.whl || { echo "SETUP FAILED: pip install of $carry/common"; return 2; }
+    # TRL (optional, carry/trl) goes into the same site: check_hf.py imports it if it can.
+    install "$site" "$carry"/common/*.whl $(ls "$carry"/trl/*.whl 2>/dev/null) \
+        || { echo "SETUP FAILED: pip install of $carry/common"; return 2; }
     export PYTHONPATH=$repo/src:$site${PYTHONPATH:+:$PYTHONPATH} PATH=$site/bin:$PATH
     echo "installed into $site in $((SECONDS - t0)) s"
     # What is imported from where: the versions each check's results go with.
@@ -87,10 +91,16 @@ else:
     print("torch", torch.__version__, "cuda", cuda, torch.cuda.get_device_name(0) if cuda else "")
     if not cuda and sys.argv[1] != "1":
         sys.exit("no CUDA device")
+try:  # optional: reported, never a setup failure (datasets needs the image's pyarrow >= 24)
+    import trl
+    from trl import GRPOTrainer  # trl's top level is lazy: this is what check_hf.py would use
+    print("trl", trl.__version__, "GRPOTrainer imports")
+except Exception as exc:
+    print(f"trl: not importable: {type(exc).__name__}: {exc}")
 import grpo_sdk
 print("grpo_sdk from", grpo_sdk.__file__)
 for name in ("grpo-sdk", "transformers", "huggingface-hub", "tokenizers", "safetensors", "peft", "accelerate",
-             "cattrs", "typer", "numpy", "torch"):
+             "cattrs", "typer", "numpy", "torch", "trl", "datasets", "pyarrow", "pandas"):
     try:
         print(f"  {name} {md.version(name)}")
     except md.PackageNotFoundError:

@@ -70,8 +70,9 @@ done
 echo "=== 1. every carried wheel into a fresh venv, no index, no deps"
 t0=$SECONDS
 "${pip[@]}" --python "$tmp/A/bin/python" install -q --no-index --no-deps --no-compile \
-    --find-links "$carry/common" "$carry"/common/*.whl "$mcore"/*.whl || fail "pip install --no-index"
-echo "installed $(ls "$carry"/common/*.whl "$mcore"/*.whl | wc -l) wheels in $((SECONDS - t0)) s"
+    --find-links "$carry/common" "$carry"/common/*.whl "$mcore"/*.whl $(ls "$carry"/trl/*.whl 2>/dev/null) \
+    || fail "pip install --no-index"
+echo "installed $(ls "$carry"/common/*.whl "$mcore"/*.whl "$carry"/trl/*.whl 2>/dev/null | wc -l) wheels in $((SECONDS - t0)) s"
 "${offline[@]}" "$tmp/A/bin/python" - <<'EOF' || fail "imports"
 import importlib, importlib.metadata, sys
 import grpo_sdk, transformers, safetensors, tokenizers, huggingface_hub, attrs, cattrs, pluggy, typer, rich, yaml
@@ -86,6 +87,12 @@ for mod in ("peft", "accelerate", "megatron.core", "mbridge"):
         assert exc.name == "torch", f"{mod}: missing {exc.name}, not torch"
     else:
         raise AssertionError(f"{mod} imported without torch?")
+# datasets (TRL's, optional) needs what the image has beside torch: pyarrow, pandas, xxhash.
+try:
+    importlib.import_module("datasets")
+except ModuleNotFoundError as exc:
+    assert exc.name in {"pyarrow", "pandas", "xxhash", "torch"}, f"datasets: missing {exc.name}"
+    print(f"datasets stops at import {exc.name} (the image has it)")
 print("imports: ok (grpo_sdk", grpo_sdk.__version__, "transformers", transformers.__version__,
       "tokenizers", tokenizers.__version__, "cattrs", importlib.metadata.version("cattrs") + ");",
       "peft, accelerate, megatron.core and mbridge stop at import torch only")
@@ -93,12 +100,16 @@ EOF
 "${offline[@]}" "$tmp/A/bin/grpoctl" --help >"$tmp/help.txt" || fail "grpoctl --help"
 grep -q -i usage "$tmp/help.txt" || fail "grpoctl --help printed no usage"
 echo "grpoctl --help: ok ($(wc -l <"$tmp/help.txt") lines)"
-# pip check: every requirement of every carried wheel is met, torch's aside (it is the image's).
+# pip check: every requirement of every carried wheel is met, torch's aside (it is the image's), and
+# for TRL's datasets and trl the image's pyarrow, pandas, xxhash and jinja2.
 "${pip[@]}" --python "$tmp/A/bin/python" check >"$tmp/check.txt" 2>&1 || true
-if grep -v -E "requires torch, which is not installed\.$" "$tmp/check.txt" | grep -v -i "^No broken" | grep .; then
+if grep -v -E "requires torch, which is not installed\.$" "$tmp/check.txt" \
+        | grep -v -E "^(trl|datasets) [^ ]+ requires (pyarrow|pandas|xxhash|jinja2), which is not installed\.$" \
+        | grep -v -i "^No broken" | grep .; then
     fail "pip check found requirements the carry does not meet (above)"
 fi
-echo "pip check: only torch is missing ($(grep -c torch "$tmp/check.txt") packages require it)"
+echo "pip check: only torch is missing ($(grep -c 'requires torch' "$tmp/check.txt") packages require it)" \
+     "and, for trl/datasets, what the image has ($(grep -c -v 'requires torch' "$tmp/check.txt") lines)"
 
 echo "=== 2. run_all.sh --setup-only: the GPU machine's install step, into a venv holding only numpy"
 "${offline[@]}" env PYTHON="$tmp/B/bin/python" CARRY="$carry" CARRY_SITE="$tmp/site" OUT="$tmp/out" \
