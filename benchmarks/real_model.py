@@ -159,6 +159,13 @@ def trl_settings(cfg: Any) -> tuple[dict[str, Any], list[str]]:
         differences.append(f"policy.max_total_sequence_length={policy.max_total_sequence_length}: grpo-sdk's "
                            "bound on prompt + response; TRL 1.16 has no prompt-length bound (it matters only for "
                            f"prompts over {policy.max_total_sequence_length - gen.max_new_tokens} tokens)")
+    if cfg.cluster.malloc_mmap_threshold is not None:
+        differences.append(f"cluster.malloc_mmap_threshold={cfg.cluster.malloc_mmap_threshold}: grpo-sdk's allocator "
+                           "hands freed training blocks back to the OS (peak RSS, ~1.1x step time); TRL runs with "
+                           "glibc's defaults")
+    if policy.optimizer.moments_dtype != "float32":
+        differences.append(f"policy.optimizer.moments_dtype={policy.optimizer.moments_dtype}: grpo-sdk's AdamW keeps "
+                           "its moments in that dtype; TRL's AdamW keeps them in float32")
     if grpo.overlong_filtering:
         differences.append("overlong filtering: TRL's mask_truncated_completions drops truncated rows from the "
                            "loss too, but its advantages still count them in the group statistics, as grpo-sdk")
