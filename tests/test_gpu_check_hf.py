@@ -38,7 +38,7 @@ def test_tiny_run_passes_every_implemented_check(tmp_path):
     assert [name for name in checks if name in IMPLEMENTED] == IMPLEMENTED  # all ran, in this order
     assert {name: checks[name]["status"] for name in IMPLEMENTED} == dict.fromkeys(IMPLEMENTED, "PASS")
     assert {name: checks[name]["status"] for name in NOT_IMPLEMENTED} == dict.fromkeys(NOT_IMPLEMENTED, "SKIP")
-    assert report["failures"] == [] and report["device"] == "cpu" and report["size"] == "tiny"
+    assert report["failures"] == [] and report["complete"] and report["device"] == "cpu" and report["size"] == "tiny"
     for name in IMPLEMENTED:
         assert f"PASS  {name}: " in result.stdout
         assert checks[name]["wall_s"] > 0
@@ -65,3 +65,37 @@ def test_without_cuda_the_real_size_run_is_refused_with_exit_2(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "refused: no CUDA device" in result.stdout and "--tiny" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+BROKEN_SYNC = """
+import runpy, sys
+from grpo_sdk.weight_sync import inprocess
+
+real = inprocess.InProcessWeightSync.sync_weights
+
+
+class SendsNothing:  # the generation keeps its old weights; only the version moves
+    def named_weights(self):
+        return iter(())
+
+
+inprocess.InProcessWeightSync.sync_weights = lambda self, policy, gen, *, version: real(self, SendsNothing(), gen,
+                                                                                         version=version)
+sys.argv = [sys.argv[1], "--tiny", "--only", "grpo_inprocess", "--json"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_sync_that_sends_no_weights_fails_the_inprocess_check(tmp_path):
+    """The negative control: the check can fail. A sync that only moves the version number (a FAKE, made
+    here) leaves the sampler on the initial weights: the control and token_mult_prob_error both catch it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", BROKEN_SYNC, str(SCRIPT)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    check = report["checks"]["grpo_inprocess"]
+    assert check["status"] == "FAIL" and report["failures"] == ["grpo_inprocess"]
+    assert abs(check["drift_from_initial"] - 1) < 2e-3  # the sampler never left the initial weights
+    assert max(check["token_mult_prob_error"]) > 1 + 2e-3  # and disagrees with the trained policy
+    assert list(report["checks"]) == ["grpo_inprocess"]  # --only: no other check, no SKIP lines

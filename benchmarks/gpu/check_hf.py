@@ -11,16 +11,20 @@ run of this script, not a measurement. The checks, in order (``--only NAME`` run
 1. ``logprobs``: the hf generation (a copy of its own) samples; the hf policy scores the same tokens;
    token_mult_prob_error (the loss's metric: mean over response tokens of exp(|gen - policy|)) within
    ``TOL`` of 1, in float32 (TF32 off on CUDA) and under ``policy.hf.autocast=bfloat16``;
-2. ``grpo_inprocess``: 5 GRPO steps through ``grpo_sdk.train`` with ``weight_sync.backend=inprocess``
-   and a generation copy (``share_policy_model=false``, so the sync copies weights): every step's
-   token_mult_prob_error within ``TOL`` of 1, finite losses, ``generation/weight_version`` 0, 1, 2, ...;
+2. ``grpo_inprocess``: 5 GRPO steps of the loop ``grpo_sdk.train`` runs (GRPOTrainer, so that what the
+   sampler returns can be recorded) with ``weight_sync.backend=inprocess`` and a generation copy
+   (``share_policy_model=false``, so the sync copies weights): every step's token_mult_prob_error
+   within ``TOL`` of 1, finite losses, ``generation/weight_version`` 0, 1, 2, ...; and a control: the
+   last sampler's logprobs are MORE than ``TOL`` from the initial model's (a sync that sent nothing
+   would leave them equal; such a sync makes this check FAIL, tests/test_gpu_check_hf.py);
 3. ``shared_vs_copy``: 3 steps with one shared model copy and 3 with a copy of its own, same seed:
    the same sampled tokens and logprobs at every call and the same final weights (as
    tests/test_hf_shared_model.py asserts; bit-equal on the CPU, logprobs within ``SHARED_TOL`` on CUDA);
 4. ``bf16_checkpointing``: 3 steps under bf16 autocast without and with activation checkpointing:
    finite losses, checkpointing on in the model, and the same per-step losses within ``CKPT_TOL``;
-5. ``lora_merged``: 3 steps of ``policy.lora.enabled=true`` with merged sync to a generation copy: the
-   adapters moved (lora_B off zero) and token_mult_prob_error within ``TOL`` of 1 every step;
+5. ``lora_merged``: 3 steps of ``policy.lora.enabled=true`` with merged sync to a generation copy:
+   token_mult_prob_error within ``TOL`` of 1 every step, lora_B off zero, and the same control as 2
+   (the last sampler's logprobs more than ``TOL`` from the base model's);
 6. ``sigkill_resume``: ``grpoctl run`` in a subprocess, SIGKILLed after a checkpoint, ``--resume``d:
    the per-step metrics (timing/perf left out) equal to an uninterrupted run's (tests/test_lifecycle.py).
 
@@ -35,7 +39,8 @@ with in-flight updates, TRL GRPOTrainer figures on the same model, and the real 
 
 Output: one PASS/FAIL/SKIP line per check with its figures. ``--json`` prints the report as JSON
 (the last line of stdout); ``--json PATH`` writes it to PATH (as benchmarks/gpu/run_all.sh calls it);
-``--out DIR`` writes ``DIR/check_hf.json`` and ``DIR/check_hf.log``. Exit 0 when every check run
+``--out DIR`` writes ``DIR/check_hf.json`` and ``DIR/check_hf.log``. Files are rewritten after each
+check (``"complete": false`` until the end), so a run cut short still leaves what it found. Exit 0 when every check run
 passed, 1 when one failed, 2 when refused (no CUDA without ``--tiny``)::
 
     OMP_NUM_THREADS=1 python benchmarks/gpu/check_hf.py --tiny          # CPU smoke, ~1 min
@@ -521,7 +526,7 @@ RUNNERS = {"logprobs": check_logprobs, "grpo_inprocess": check_grpo_inprocess,
            "lora_merged": check_lora_merged, "sigkill_resume": check_sigkill_resume}
 
 
-def run(args, log) -> tuple[int, dict]:
+def run(args, log, save) -> tuple[int, dict]:
     import torch
 
     from grpo_sdk.plugins.registry import Registry
@@ -571,12 +576,15 @@ def run(args, log) -> tuple[int, dict]:
                 log(traceback.format_exc()[-3000:])
                 report.verdict(name, "FAIL", f"raised {type(exc).__name__}: {exc}"[:500])
             release_memory()
+            # After each check: a run cut short by run_all.sh's timeout still leaves the checks done so far.
+            save({**report_json, "checks": report.results, "failures": report.failures, "complete": False})
     for name, what in NOT_IMPLEMENTED.items():
         if not args.only:
             report.verdict(name, "SKIP", f"not yet implemented in check_hf.py: {what}")
     report_json["checks"] = report.results
     report_json["failures"] = report.failures
     report_json["total_s"] = time.perf_counter() - t_all
+    report_json["complete"] = True
     log(f"\ntotal {report_json['total_s']:.1f} s; "
         + (f"{len(report.failures)} failed: {report.failures}" if report.failures else "all checks run passed"))
     return (1 if report.failures else 0), report_json
@@ -607,16 +615,18 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    code, report_json = run(args, log)
-    text = json.dumps(report_json, default=str)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "check_hf.json").write_text(json.dumps(report_json, indent=2, default=str))
-        (args.out / "check_hf.log").write_text("\n".join(lines) + "\n")
+    def save(report_json: dict) -> None:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "check_hf.json").write_text(json.dumps(report_json, indent=2, default=str))
+            (args.out / "check_hf.log").write_text("\n".join(lines) + "\n")
+        if args.json and args.json != "-":
+            Path(args.json).write_text(json.dumps(report_json, indent=2, default=str))
+
+    code, report_json = run(args, log, save)
+    save(report_json)
     if args.json == "-":
-        print(text, flush=True)
-    elif args.json:
-        Path(args.json).write_text(json.dumps(report_json, indent=2, default=str))
+        print(json.dumps(report_json, default=str), flush=True)
     return code
 
 
