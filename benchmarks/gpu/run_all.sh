@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, in ONE device call (no network there): installs the wheels that
 # benchmarks/gpu/build_carry.sh put in benchmarks/gpu/carry, then runs the GPU checks that exist,
-# check_hf.py first (issue 42 item 1; said MISSING until it lands), then check_megatron.py once per
+# check_hf.py first (issue 42 item 1; said MISSING if it is absent), then check_megatron.py once per
 # megatron-core version in MCORE_VERSIONS, all inside BUDGET_S seconds of wall clock. Device tool:
 #
 #   run(command="bash benchmarks/gpu/run_all.sh", carry=["benchmarks/gpu/carry"], timeout_s=600)
@@ -143,7 +143,7 @@ main() {
     if [ -f benchmarks/gpu/check_hf.py ]; then
         run_check check_hf "${HF_TIMEOUT:-300}" benchmarks/gpu/check_hf.py
     else
-        echo "=== check_hf: MISSING (benchmarks/gpu/check_hf.py, issue 42 item 1, has not landed): not run"
+        echo "=== check_hf: MISSING (benchmarks/gpu/check_hf.py, issue 42 item 1, is absent): not run"
         results+=("check_hf MISSING")
     fi
     local version
