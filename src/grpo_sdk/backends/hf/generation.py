@@ -165,11 +165,11 @@ class HFGeneration:
         if self.autocast_dtype is None or self.compiled_forward is not None:
             return self.model(**kwargs)
         if self._low_precision is None or self._low_precision[0] != self.weight_version:
-            casts = {f"{name}.weight": module.weight.to(self.autocast_dtype)
+            folded = self._folded or {}  # a LoRA layer's base Linear now sits at its name: cast with A and B in it
+            casts = {f"{name}.weight": module.weight.to(self.autocast_dtype) if name not in folded else
+                     lora.fold(folded[name], module.weight, folded[name].lora_A[lora.ADAPTER].weight,
+                               folded[name].lora_B[lora.ADAPTER].weight, self.autocast_dtype)
                      for name, module in self.model.named_modules() if isinstance(module, torch.nn.Linear)}
-            for name, layer in (self._folded or {}).items():  # a LoRA layer's base Linear now sits at its name
-                casts[f"{name}.weight"] = lora.fold(layer, layer.base_layer.weight, layer.lora_A[lora.ADAPTER].weight,
-                                                    layer.lora_B[lora.ADAPTER].weight, self.autocast_dtype)
             self._low_precision = (self.weight_version, casts)
         # tie_weights=False: a tied output embedding takes the cast, the input embedding keeps float32
         return functional_call(self.model, self._low_precision[1], (), kwargs, tie_weights=False, strict=False)
