@@ -40,6 +40,11 @@ from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_MOMENT_BYTES = 2 * 4  # exp_avg and exp_avg_sq, counted in fp32
+
+
+def adam_moment_bytes(cfg: Any) -> int:
+    """Bytes of AdamW state per trained parameter: two moments, in policy.optimizer.moments_dtype."""
+    return ADAM_MOMENT_BYTES // (2 if cfg.policy.optimizer.moments_dtype == "bfloat16" else 1)
 PROCESS_BYTES = 367 * 2**20  # measured 2026-12-06: 246 MiB once imported, 367 MiB after a tiny model's steps
 # Bytes autograd saves per token per decoder layer, as (x hidden size, x intermediate size), float32
 # and under bf16 autocast (where the norms and the residual stream stay float32). Fitted to the
@@ -214,8 +219,7 @@ def _states(cfg: Any, params: int, shape: ModelShape | None, teacher: ModelSize 
                                   else "not counted: the model's shape is unknown")
     else:
         halved = policy.optimizer.moments_dtype == "bfloat16"
-        parts["gradients"] = params * width
-        parts["adamw_moments"] = params * ADAM_MOMENT_BYTES // (2 if halved else 1)
+        parts["gradients"], parts["adamw_moments"] = params * width, params * adam_moment_bytes(cfg)
         notes["gradients"] = f"{params:,} x {width} B, kept until the next step trains"
         notes["adamw_moments"] = (f"2 x {params:,} x 2 B (bfloat16: policy.optimizer.moments_dtype)" if halved else
                                   f"2 x {params:,} x 4 B (fp32" + (

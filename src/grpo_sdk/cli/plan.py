@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from grpo_sdk.cli.memory_plan import ADAM_MOMENT_BYTES, DTYPE_BYTES, estimate, human_bytes
+from grpo_sdk.cli.memory_plan import DTYPE_BYTES, adam_moment_bytes, estimate, human_bytes
 from grpo_sdk.cli.model_size import ModelSize, model_size
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.kinds import COMPONENT_KINDS
@@ -323,8 +323,7 @@ def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
     if cfg.policy.lora.enabled:
         line += "; each the LoRA adapters (policy.lora) and their optimizer state only, not the model"
     elif model.params is not None:
-        moments = model.params * ADAM_MOMENT_BYTES // (2 if cfg.policy.optimizer.moments_dtype == "bfloat16" else 1)
-        size = model.params * DTYPE_BYTES[cfg.policy.precision] + (moments if ckpt.save_optimizer else 0)
+        size = model.params * (DTYPE_BYTES[cfg.policy.precision] + (adam_moment_bytes(cfg) if ckpt.save_optimizer else 0))
         line += f"; each about {human_bytes(size)}" + (" with the optimizer state" if ckpt.save_optimizer else "")
     if ckpt.checkpoint_must_save_by:
         line += f"; saves and stops before {ckpt.checkpoint_must_save_by} (checkpointing.checkpoint_must_save_by)"
