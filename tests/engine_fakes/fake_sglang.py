@@ -4,7 +4,7 @@ for the methods the grpo-sdk adapter calls. It runs no model: it records every c
 the shapes the real methods return (``generate``: one dict per prompt with ``output_ids`` and
 ``meta_info``; the weight methods: ``(success, message)``), with made-up tokens (each the previous
 one plus one) and logprobs (-1.0). Tests against it check only that the adapter calls the API as
-documented; tests/test_sglang_engine.py checks these signatures against the real wheel.
+documented; tests/backends/test_sglang_engine.py checks these signatures against the real wheel.
 
     sys.modules["sglang"] = fake_sglang     # then the adapter's ``import sglang`` gets this
     fake_sglang.Engine.instances[-1].calls  # [("generate", {...}), ...]

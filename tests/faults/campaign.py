@@ -21,7 +21,7 @@ import pytest
 
 from grpo_sdk.trainer.checkpoint import CheckpointManager
 from grpo_sdk.config.schema import CheckpointingConfig
-from conftest import grpoctl_env, run_grpoctl
+from helpers import grpoctl_env, run_grpoctl
 
 HERE = Path(__file__).parent
 FULL = os.environ.get("GRPO_SDK_FAULTS") == "full"

@@ -1,0 +1,164 @@
+"""The package layering the architecture promises, checked on the source (no imports run).
+
+``grpo_sdk.core`` is the contract layer (protocols, records, errors, kinds, capabilities): it imports
+nothing else of grpo-sdk. ``grpo_sdk.config`` (schema, loading, checks, run context) sits on it and
+imports nothing else, and no two packages import each other (directly or through others).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "grpo_sdk"
+
+
+def package_of(module: str) -> str:
+    """``grpo_sdk.config.schema`` -> ``config``; a top-level module (``grpo_sdk.x``) is its own
+    node, and ``grpo_sdk`` itself (``__version__``) is ``(root)``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """Every grpo_sdk module this file imports, anywhere in it (lazy imports inside functions too)."""
+    relative = path.relative_to(SRC.parent).with_suffix("")
+    here = list(relative.parts if relative.name != "__init__" else relative.parts[:-1])
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "grpo_sdk"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "grpo_sdk":
+                found.append((node.lineno, target))
+    return found
+
+
+def package_edges() -> dict[tuple[str, str], list[str]]:
+    """(from package, to package) -> where: ``file:line -> module``."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        source = package_of(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        for line, target in imports_of(path):
+            dest = package_of(target)
+            if dest != source:
+                edges.setdefault((source, dest), []).append(f"{path.relative_to(SRC)}:{line} -> {target}")
+    return edges
+
+
+def cycles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    found, seen = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycle = path[path.index(nxt):]
+                key = frozenset(cycle)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(cycle + [nxt])
+            elif len(path) < 8:
+                walk(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return found
+
+
+def test_core_imports_nothing_else_of_grpo_sdk():
+    out_of_core = {k: v for k, v in package_edges().items() if k[0] == "core"}
+    assert not out_of_core, "grpo_sdk.core must be a leaf; it imports:\n" + "\n".join(
+        line for where in out_of_core.values() for line in where)
+
+
+def test_config_imports_only_the_contract():
+    """The config package is read by `grpoctl config validate` before anything is built: it knows
+    the contract (``core``) and nothing above it (no plugin, backend or trainer module)."""
+    outside = {k: v for k, v in package_edges().items() if k[0] == "config" and k[1] != "core"}
+    assert not outside, "grpo_sdk.config may import only grpo_sdk.core; it imports:\n" + "\n".join(
+        line for where in outside.values() for line in where)
+
+
+def test_no_cycle_between_packages():
+    edges = package_edges()
+    found = cycles(edges)
+    detail = []
+    for cycle in found:
+        for a, b in zip(cycle, cycle[1:]):
+            detail.append(f"{a} -> {b}: " + "; ".join(edges[(a, b)][:3]))
+    assert not found, "import cycles between packages:\n" + "\n".join(detail)
+
+
+def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
+    # The checks above are only as good as the walker: it must see imports inside functions.
+    path = SRC / "config" / "loading.py"
+    assert any(target.startswith("grpo_sdk.config.") for _, target in imports_of(path))
+    assert any(target.startswith("grpo_sdk.core.") for _, target in imports_of(path))
+    assert imports_of(SRC / "cli" / "run_cmd.py"), "run_cmd imports grpo_sdk modules, lazily too"
+
+
+BUILT_IN_PLUGIN_PACKAGES = ("backends", "estimators", "environments", "weight_sync", "loggers")
+PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "tools")  # documented in docs/plugins.md and docs/compatibility.md
+
+
+def test_built_in_components_import_only_the_public_plugin_api():
+    """The built-ins register exactly as a third-party package would, imports included: each
+    imports nothing of grpo-sdk but ``grpo_sdk.plugins`` (and its documented submodules) and
+    its own package."""
+    outside = []
+    for package in BUILT_IN_PLUGIN_PACKAGES:
+        for path in sorted((SRC / package).rglob("*.py")):
+            for line, target in imports_of(path):
+                parts = target.split(".")
+                if len(parts) < 2 or parts[1] not in ("plugins", package):
+                    outside.append(f"{path.relative_to(SRC)}:{line} -> {target}")
+                elif parts[1] == "plugins" and parts[2:] and parts[2] not in PUBLIC_PLUGIN_SUBMODULES:
+                    outside.append(f"{path.relative_to(SRC)}:{line} -> {target} (a private plugins module)")
+    assert not outside, ("built-in components must import only grpo_sdk.plugins (and "
+                         f"{', '.join('grpo_sdk.plugins.' + m for m in PUBLIC_PLUGIN_SUBMODULES)}); they import:\n"
+                         + "\n".join(outside))
+
+
+
+def test_the_kinds_table_is_the_only_list_of_kinds():
+    """core.kinds declares each kind once; the entry-point groups, labels, kit selectors and
+    protocols, the scaffold's config blocks and the config's pluggable sections all follow it."""
+    import attrs
+
+    from grpo_sdk.cli import scaffold
+    from grpo_sdk.config import schema as C
+    from grpo_sdk.core.kinds import COMPONENT_KINDS
+    from grpo_sdk.plugins import KINDS
+    from grpo_sdk.plugins.registry import KIND_LABELS
+    from grpo_sdk.testing import PROTOCOLS, SELECTORS
+
+    names = [kind.name for kind in COMPONENT_KINDS]
+    assert list(KINDS) == list(KIND_LABELS) == list(SELECTORS) == list(PROTOCOLS) == names
+
+    def slots(cls: type, prefix: str = "") -> dict[str, C.PluginSlot]:
+        found = {}
+        for field in attrs.fields(attrs.resolve_types(cls)):
+            inner = field.type
+            if isinstance(inner, type) and attrs.has(inner):
+                slot = getattr(inner, "__plugin__", None)
+                if slot is not None:
+                    found[prefix + field.name] = slot
+                found.update(slots(inner, f"{prefix}{field.name}."))
+        return found
+
+    sections = slots(C.MasterConfig)
+    assert {kind.section: (kind.name, kind.selector, kind.many) for kind in COMPONENT_KINDS} == \
+        {path: (slot.kind, slot.selector, slot.many) for path, slot in sections.items()}
+    for kind in COMPONENT_KINDS:
+        assert isinstance(kind.protocol, type) and kind.protocol.__name__ == kind.protocol_name
+        assert scaffold.cli_selection(kind.name, "acme").split("=")[0].strip("'") == kind.selector_key

@@ -1,0 +1,100 @@
+"""The documented submodules of the public plugin API: ``grpo_sdk.plugins.toolkit`` (no torch),
+``grpo_sdk.plugins.tensors`` (torch) and ``grpo_sdk.plugins.tools`` (tool environments, no torch),
+pinned like ``grpo_sdk.plugins`` itself, and the worker-group protocols the Ray runtime implements
+for weight-sync transports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpo_sdk.plugins as api
+from grpo_sdk.plugins import tensors, toolkit, tools
+
+TOOLKIT_NAMES = [
+    "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps",
+    "background_event_loop", "check_model_source", "dump_config", "free_port", "fsync_dir", "host_store",
+    "import_module_here_too", "join_process_group", "leave_process_group", "load_pretrained", "load_tokenizer",
+    "model_facts", "node_ip", "non_negative", "pick_device", "positive", "require_engine", "store_address_op",
+    "sum_micro_batches", "tcp_store", "write_text_atomic",
+]
+TENSORS_NAMES = [
+    "GroupLayout", "calculate_kl", "masked_mean", "process_logits", "read_weights", "shifted_moments",
+    "token_logprobs", "whiten", "write_weights",
+]
+TOOLS_NAMES = [
+    "HermesParser", "INVALID_TOOL_CALL", "PARSERS", "ParsedTurn", "Tool", "ToolCall", "ToolCallParser", "ToolEnvironment",
+    "argument_problem", "tool_call_parser",
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_submodules_names_are_pinned_and_resolve():
+    assert sorted(toolkit.__all__) == TOOLKIT_NAMES, "grpo_sdk.plugins.toolkit is public: change it deliberately"
+    assert sorted(tensors.__all__) == TENSORS_NAMES, "grpo_sdk.plugins.tensors is public: change it deliberately"
+    assert sorted(tools.__all__) == TOOLS_NAMES, "grpo_sdk.plugins.tools is public: change it deliberately"
+    for module in (toolkit, tensors, tools):
+        for name in module.__all__:
+            assert getattr(module, name, None) is not None, f"{module.__name__}.{name} does not resolve"
+
+
+def test_the_submodules_are_documented():
+    for page in ("plugins.md", "compatibility.md"):
+        text = (DOCS / page).read_text()
+        assert all(f"grpo_sdk.plugins.{m}" in text for m in ("toolkit", "tensors", "tools")), page
+
+
+def test_the_toolkit_imports_no_heavy_module():
+    heavy = ("torch", "transformers", "ray")
+    code = ("import sys, json\nfrom grpo_sdk.plugins.toolkit import *\nfrom grpo_sdk.plugins.tools import *\n"
+            f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_atomic_write_and_metric_sums(tmp_path):
+    toolkit.write_text_atomic(tmp_path / "a.txt", "one")
+    toolkit.write_text_atomic(tmp_path / "a.txt", "two")
+    assert (tmp_path / "a.txt").read_text() == "two" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+    step = toolkit.sum_micro_batches([{"loss": 0.25, "ratio_max": 1.5}, {"loss": 0.5, "ratio_max": 1.2}])
+    assert step == {"loss": 0.75, "ratio_max": 1.5}
+    assert toolkit.average_optimizer_steps([step, {"loss": 0.25, "ratio_max": 2.0}]) == {"loss": 0.5, "ratio_max": 2.0}
+    assert toolkit.pick_device("cpu") == "cpu"
+    assert isinstance(toolkit.node_ip(), str)
+
+
+def test_weights_files_round_trip(tmp_path):
+    import torch
+
+    embed = torch.arange(6.0).reshape(2, 3)
+    pairs = [("embed", embed), ("lm_head", embed), ("bias", torch.ones(3, dtype=torch.bfloat16))]  # tied
+    assert tensors.write_weights(pairs, tmp_path / "w.safetensors") == (3, 6 * 4 + 6 * 4 + 3 * 2)
+    back = dict(tensors.read_weights(tmp_path / "w.safetensors"))
+    assert sorted(back) == ["bias", "embed", "lm_head"]
+    assert torch.equal(back["lm_head"], embed) and back["bias"].dtype == torch.bfloat16
+
+
+def test_the_runtime_implements_the_worker_group_protocols():
+    from grpo_sdk.runtime.groups import GenerationGroup, PolicyGroup
+    from grpo_sdk.runtime.workers import ComponentWorker
+
+    assert isinstance(ComponentWorker(), api.Worker)
+    assert isinstance(PolicyGroup(None, []), api.WorkerGroup)
+    assert isinstance(GenerationGroup(None, [], tokenizer_path="unused"), api.WorkerGroup)
+
+
+def test_transports_refuse_in_process_components_naming_the_runtime():
+    import pytest
+
+    from grpo_sdk.weight_sync.driver import SyncDeadline, require_worker_groups
+
+    with pytest.raises(TypeError, match=r"cluster.runtime=ray\); got object and object. In one process"):
+        require_worker_groups("weight_sync.backend=collective broadcasts", object(), object(),
+                              ". In one process use weight_sync.backend=inprocess")
+    assert SyncDeadline.of("collective", None, 600.0) == SyncDeadline(600.0, "cluster.call_timeout_s", 660.0)
+    assert SyncDeadline.of("cuda_ipc", 30.0, 600.0) == SyncDeadline(30.0, "weight_sync.cuda_ipc.timeout_s", 660.0)
