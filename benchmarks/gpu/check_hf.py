@@ -16,17 +16,17 @@ run of this script, not a measurement. The checks, in order (``--only NAME`` run
    (``share_policy_model=false``, so the sync copies weights): every step's token_mult_prob_error
    within ``TOL`` of 1, finite losses, ``generation/weight_version`` 0, 1, 2, ...; and a control: the
    last sampler's logprobs are MORE than ``TOL`` from the initial model's (a sync that sent nothing
-   would leave them equal; such a sync makes this check FAIL, tests/test_gpu_check_hf.py);
+   would leave them equal; such a sync makes this check FAIL, tests/package/test_gpu_check_hf.py);
 3. ``shared_vs_copy``: 3 steps with one shared model copy and 3 with a copy of its own, same seed:
    the same sampled tokens and logprobs at every call and the same final weights (as
-   tests/test_hf_shared_model.py asserts; bit-equal on the CPU, logprobs within ``SHARED_TOL`` on CUDA);
+   tests/backends/test_hf_shared_model.py asserts; bit-equal on the CPU, logprobs within ``SHARED_TOL`` on CUDA);
 4. ``bf16_checkpointing``: 3 steps under bf16 autocast without and with activation checkpointing:
    finite losses, checkpointing on in the model, and the same per-step losses within ``CKPT_TOL``;
 5. ``lora_merged``: 3 steps of ``policy.lora.enabled=true`` with merged sync to a generation copy:
    token_mult_prob_error within ``TOL`` of 1 every step, lora_B off zero, and the same control as 2
    (the last sampler's logprobs more than ``TOL`` from the base model's);
 6. ``sigkill_resume``: ``grpoctl run`` in a subprocess, SIGKILLed after a checkpoint, ``--resume``d:
-   the per-step metrics (timing/perf left out) equal to an uninterrupted run's (tests/test_lifecycle.py).
+   the per-step metrics (timing/perf left out) equal to an uninterrupted run's (tests/e2e/test_lifecycle.py).
 
 Each check records its wall time, step times, tokens/s (the trainer's perf/tokens_per_sec) and peak
 memory: torch.cuda.max_memory_allocated on CUDA (reset per check); on the CPU the process's VmHWM
@@ -76,7 +76,7 @@ SIZES = {"tiny": dict(prompts=4, generations=4, digits=5, micro=16),
          "real": dict(prompts=8, generations=8, digits=32, micro=16)}
 TOL = 2e-3  # token_mult_prob_error within this of 1 (the project's and NeMo-RL's bar for matching logprobs)
 # bf16 autocast: the generation's KV-cached decode and the policy's full forward round differently;
-# on the CPU's tiny model that stays under 2e-3 (tests/test_hf_shared_model.py measured 1.5e-3 nats
+# on the CPU's tiny model that stays under 2e-3 (tests/backends/test_hf_shared_model.py measured 1.5e-3 nats
 # max). For 32 layers on CUDA 1e-2 is a bound chosen before any GPU run, not a measured one.
 BF16_TOL = {"cpu": 2e-3, "cuda": 1e-2}
 SHARED_TOL = {"cpu": 0.0, "cuda": 1e-5}  # CUDA kernels may reduce in another order between two modules

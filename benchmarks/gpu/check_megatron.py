@@ -56,7 +56,7 @@ SHAPES = {
 # rows, prompt tokens, response tokens, compared rows, micro-batch rows, steps
 SIZES = {"1b": dict(rows=32, prompt=256, response=768, compare_rows=8, micro=4, steps=5),
          "tiny": dict(rows=8, prompt=12, response=20, compare_rows=4, micro=2, steps=5)}
-# float32 on CPU agrees to ~1e-6 (tests/test_megatron.py, tolerance 1e-5). On CUDA with TF32 off the
+# float32 on CPU agrees to ~1e-6 (tests/backends/test_megatron.py, tolerance 1e-5). On CUDA with TF32 off the
 # fused QKV / gate-up GEMMs of Megatron reduce in another order than hf's separate ones; over 22
 # layers and 1024 tokens 1e-3 nats is a bound chosen before any GPU run, not a measured one.
 FP32_TOL = {"cpu": 1e-5, "cuda": 1e-3}

@@ -3,7 +3,7 @@
 A tiny Llama built locally (no model hub needed) trains 5 GRPO steps with vLLM generation and the
 hf policy on CUDA, three ways (plain, colocated sleep/wake, top-k/top-p): at every step the
 generation logprobs must match the policy's (token_mult_prob_error within 2e-3 of 1), across the
-weight syncs (versions 0..4), as tests/test_vllm.py checks on CPU. Prints one PASS/FAIL line per
+weight syncs (versions 0..4), as tests/backends/test_vllm.py checks on CPU. Prints one PASS/FAIL line per
 check and exits non-zero on a failure::
 
     pip install -e '.[vllm]'  &&  python benchmarks/gpu/check_vllm.py

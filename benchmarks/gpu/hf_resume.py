@@ -1,5 +1,5 @@
 """check_hf.py's sigkill_resume check: ``grpoctl run`` in a subprocess, SIGKILLed after a checkpoint and
-resumed with ``--resume``, against an uninterrupted run (tests/test_lifecycle.py's approach)."""
+resumed with ``--resume``, against an uninterrupted run (tests/e2e/test_lifecycle.py's approach)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ One-step problems (addition and subtraction with numbers up to 60, multiplicatio
 in a few everyday phrasings. The validation split comes first from its own seed; the training
 split then skips every (operation, numbers) pair the validation split uses, so no held-out
 problem, in any phrasing, is seen in training. The same script and seeds always give the same
-files (tests/test_recipes.py checks the committed files against it).
+files (tests/e2e/test_recipes.py checks the committed files against it).
 """
 
 from __future__ import annotations

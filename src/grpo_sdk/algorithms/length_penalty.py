@@ -10,7 +10,7 @@ sign: an all-wrong group stays variance-free.
 
 The math is NeMo-RL's ``apply_group_length_penalties`` (NVIDIA-NeMo/RL ``nemo_rl/utils/length_penalty.py``),
 on ``group_ids`` instead of contiguous NeMo-Gym rows; its test numbers are pinned in
-tests/test_reward_penalties.py. Not carried over: ``agent_overrides`` (NeMo-Gym agents) and ``verbose``.
+tests/unit/test_reward_penalties.py. Not carried over: ``agent_overrides`` (NeMo-Gym agents) and ``verbose``.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ class Builtin(NamedTuple):
 
     module: str
     attr: str  # a command function, or a Typer app for a group
-    summary: str  # the first paragraph of its help; tests/test_cli_usage.py checks it against the real one
+    summary: str  # the first paragraph of its help; tests/unit/test_cli_usage.py checks it against the real one
     group: bool = False
     options: dict[str, Any] = {}
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # grpo_sdk.plugins.specs.HOOKS_GROUP, spelled out: importing grpo_sdk.plugins builds the config
 # schema (~30 ms), which `grpoctl --help` needs only when a hook plugin is installed
-# (tests/test_cli_usage.py checks the two agree).
+# (tests/unit/test_cli_usage.py checks the two agree).
 HOOKS_GROUP = "grpo_sdk.hooks"
 
 

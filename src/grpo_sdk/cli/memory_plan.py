@@ -19,7 +19,7 @@ Under ``policy.hf.autocast`` both phases also hold a bfloat16 copy of every trai
 The activation figure is ``a x hidden + b x intermediate`` bytes per token per layer: the
 coefficients were counted with ``torch.autograd.graph.saved_tensors_hooks`` on transformers' models
 (2026-12-06, transformers 5.25, SDPA attention, which keeps no ``length x length`` matrix), and
-tests/test_memory_plan.py counts them again on models of other shapes. ``PROCESS_BYTES`` is measured
+tests/unit/test_memory_plan.py counts them again on models of other shapes. ``PROCESS_BYTES`` is measured
 (benchmarks/memory_plan.py): Python with torch, transformers and the trainer imported, after a few
 steps of a tiny model (the kernels' code pages, the allocator's first pools). Sequence lengths are
 the longest the run can see: the longest prompt when ``--dry-run`` tokenized the data (else the

@@ -2,7 +2,7 @@
 
 NOT RUN YET: this module has never been run on a GPU. Its config checks and its protocol (with a
 stand-in for the CUDA IPC handles, on the CPU) are tested; the GPU test
-(``tests/test_weight_sync_transports.py``, marked ``gpu``) is skipped where there is no CUDA device.
+(``tests/backends/test_weight_sync_transports.py``, marked ``gpu``) is skipped where there is no CUDA device.
 
 With colocated generation, policy rank i and generation replica i share bundle i, and so one GPU.
 Each sync, every policy rank drains ``named_weights()`` (a collective under FSDP2: every rank gets

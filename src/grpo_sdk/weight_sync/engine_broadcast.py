@@ -86,7 +86,7 @@ class VLLMSender:
     """vLLM's trainer end: a ``StatelessProcessGroup`` (its own store keys) and a ``PyNcclCommunicator``,
     what vLLM's NCCL weight-transfer engine on the workers (Dynamo's ``dynamo.vllm``) joins.
     NOT RUN HERE: it needs CUDA and vllm on the trainer; the vLLM lane pins the calls against
-    vLLM's signatures (tests/test_vllm.py)."""
+    vLLM's signatures (tests/backends/test_vllm.py)."""
 
     def __init__(self, *, address: str, port: int, world_size: int, **_: Any):
         try:

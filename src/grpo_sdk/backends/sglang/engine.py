@@ -5,7 +5,7 @@ The methods called and their arguments are those of SGLang 0.5.23's
 ``sglang/srt/entrypoints/engine.py`` (``Engine.generate``, ``update_weights_from_tensor``,
 ``update_weights_from_disk``, ``init_weights_update_group``, ``update_weights_from_distributed``,
 ``destroy_weights_update_group``, ``release_memory_occupation``, ``resume_memory_occupation``,
-``shutdown``); tests/test_sglang_engine.py pins every call
+``shutdown``); tests/backends/test_sglang_engine.py pins every call
 against that wheel's signatures. Differences from server mode, all SGLang's:
 
 * ``Engine``'s weight-update methods take no ``weight_version`` (the HTTP requests do), so the

@@ -1,7 +1,7 @@
 """Server mode: a running SGLang server (``python -m sglang.launch_server``) over HTTP.
 
 Every route, body and reply below was read in SGLang 0.5.23's ``sglang/srt/entrypoints/http_server.py``
-and the request structs of ``sglang/srt/managers/io_struct.py`` (tests/test_sglang.py pins the
+and the request structs of ``sglang/srt/managers/io_struct.py`` (tests/backends/test_sglang.py pins the
 fields against that wheel):
 
 * ``POST /generate`` (``GenerateReqInput``), a list of per-prompt dicts back;
