@@ -363,7 +363,7 @@ def test_an_opd_teacher_can_be_a_gguf_file(tmp_path, tiny_gguf):
 
 
 def test_grpoctl_serve_serves_a_gguf_file(tmp_path, tiny_gguf):
-    from test_serve_cmd import KEY, Served, get, post
+    from helpers.serve import KEY, Served, get, post
 
     with Served(tiny_gguf, "--port", "0", "--max-new-tokens", "3", cwd=tmp_path, GRPO_SDK_API_KEY=KEY,
                 GRPO_SDK_CACHE_DIR=str(tmp_path / "cache")) as served:

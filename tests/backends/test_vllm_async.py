@@ -14,7 +14,7 @@ import signal
 import time
 
 import pytest
-from helpers import prompt_batch, train_batch
+from helpers import no_eos_model, prompt_batch, train_batch
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -25,27 +25,6 @@ VLLM = ["policy.generation.backend=vllm", "policy.generation.vllm.kv_cache_memor
         "loss_fn.reference_policy_kl_penalty=0"]
 # Longer than any KV block (vLLM's CPU default is 128 tokens), so prefix caching holds full blocks.
 LONG = ["1234567890" * 14 + ">", "9753186420" * 14 + ">"]
-
-
-def no_eos_model(path, seed):
-    """A tiny GPT-2 (head_dim 32, as vLLM's CPU attention needs) whose EOS logit is about -64.
-
-    ln_f's bias of 1 adds sum(w_j) to the logit of token j; an EOS embedding of -1 everywhere makes
-    that -64 while every other token keeps a random, seed-dependent logit. So sampling at
-    temperature 1 gives varied responses that run to max_new_tokens.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
-
-    out = build_tiny_gpt2(path, seed=seed, n_head=2, n_positions=512)
-    model = AutoModelForCausalLM.from_pretrained(out)
-    with torch.no_grad():
-        model.transformer.ln_f.bias.fill_(1.0)
-        model.transformer.wte.weight[model.config.eos_token_id] = -1.0
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

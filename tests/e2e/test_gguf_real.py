@@ -148,7 +148,7 @@ def test_one_step_from_it_exports_a_model_plain_transformers_loads(tmp_path, con
 
 
 def test_grpoctl_serve_serves_it(tmp_path, converted):
-    from test_serve_cmd import KEY, Served, get, post
+    from helpers.serve import KEY, Served, get, post
 
     with Served(NAME, "--port", "0", "--max-new-tokens", "8", cwd=tmp_path, GRPO_SDK_API_KEY=KEY) as served:
         url = served.url()

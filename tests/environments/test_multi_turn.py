@@ -15,8 +15,7 @@ import attrs
 import pytest
 import torch
 
-from helpers import small_trainer
-from test_replay_buffer import assert_same_group
+from helpers import assert_same_group, small_trainer
 
 from grpo_sdk.core.errors import EnvironmentStepError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment

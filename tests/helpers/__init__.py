@@ -13,10 +13,12 @@ that folder and its package next to it: no pip, no network. ``FakeSite`` writes 
              files={"acme_gen/__init__.py": "", "acme_gen/spec.py": "..."})
     site.grpoctl("plugins", "list")   # the real CLI in a subprocess that sees the fake site
 
-The rest build what the backend and trainer tests feed their components: a ``RunContext`` for the
-tiny model, prompt batches, train batches, a set-up trainer. The submodules hold the heavier
-helpers: ``ray_fixtures`` (the shared Ray clusters), ``venvs`` (a fresh virtual environment for
-pip installs), ``gguf_files`` (a tiny GGUF file) and ``two_node_cluster`` (a script).
+The rest build what the backend and trainer tests feed their components (a ``RunContext`` for the
+tiny model, prompt and train batches, set-up or bare trainers), run and compare whole runs (``train``,
+``assert_same_results``, ``run_and_kill_after``) and compare replay-buffer groups. The submodules hold
+the heavier helpers: ``ray_fixtures`` (the shared Ray clusters), ``serve`` (`grpoctl serve` in a
+subprocess), ``venvs`` (a fresh virtual environment for pip installs), ``gguf_files`` (a tiny GGUF
+file) and ``two_node_cluster`` (a script).
 """
 
 from __future__ import annotations
@@ -255,3 +257,55 @@ def run_and_kill_after(args, cwd, step: int, **extra_env: str) -> None:
         proc.wait(timeout=60)
     finally:
         proc.kill()
+
+
+def assert_same_tensor(a, b, what):
+    """Both None, or equal in dtype, shape and every element; ``what`` names it in the failure."""
+    import torch
+
+    assert (a is None) == (b is None), what
+    if a is not None:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), what
+
+
+def assert_same_group(a, b):
+    """Two replay-buffer groups (``BufferedGroup``) are the same, field by field and tensor by tensor."""
+    import attrs
+    import torch
+
+    for name in ("ordinal", "target_step", "weight_version", "last_weight_version", "epoch", "generation_seconds",
+                 "attempts"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert_same_tensor(a.token_weight_versions, b.token_weight_versions, "token_weight_versions")
+    x, y = a.rollouts, b.rollouts
+    for f in attrs.fields(type(x)):  # a RolloutBatch
+        value = getattr(x, f.name)
+        if isinstance(value, torch.Tensor) or value is None and f.name in ("rewards", "unshaped_rewards"):
+            assert_same_tensor(value, getattr(y, f.name), f.name)
+    assert list(x.reward_components) == list(y.reward_components)
+    for name in x.reward_components:
+        assert_same_tensor(x.reward_components[name], y.reward_components[name], name)
+    assert x.message_logs == y.message_logs
+    assert x.metadata == y.metadata
+    assert (x.pad_token_id, x.weight_version) == (y.pad_token_id, y.weight_version)
+
+
+def no_eos_model(path, seed):
+    """A tiny GPT-2 (head_dim 32, as vLLM's CPU attention needs) whose EOS logit is about -64.
+
+    ln_f's bias of 1 adds sum(w_j) to the logit of token j; an EOS embedding of -1 everywhere makes
+    that -64 while every other token keeps a random, seed-dependent logit. So sampling at
+    temperature 1 gives varied responses that run to max_new_tokens.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
+
+    out = build_tiny_gpt2(path, seed=seed, n_head=2, n_positions=512)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[model.config.eos_token_id] = -1.0
+    model.save_pretrained(out)
+    return out

@@ -90,7 +90,7 @@ def test_a_fitting_component_passes_every_check(fake_site, tiny_model_dir, tmp_p
 
 
 def kit_reward(completions, **columns):
-    """A reward function the reward_functions environment's config check can import (tests/ is on sys.path)."""
+    """A reward function the reward_functions environment's config check can import (its folder is on sys.path)."""
     return [0.0] * len(completions)
 
 

@@ -3,7 +3,7 @@ request for ``submit``/``poll`` backends, deadlines and shutdown.
 
 The backends here are fakes (named so): they return fixed tokens, so the tests check only how the
 engine schedules calls, not sampling; tests/e2e/test_rollout_endpoint.py and the vLLM lane's
-tests/backends/test_vllm_endpoint.py drive real backends.
+tests/environments/test_vllm_endpoint.py drive real backends.
 """
 
 from __future__ import annotations

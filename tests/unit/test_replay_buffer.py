@@ -29,6 +29,7 @@ from grpo_sdk.trainer.replay_buffer import (
     ReplayBufferError,
 )
 from grpo_sdk.trainer.rollout import RolloutBatch
+from helpers import assert_same_group, assert_same_tensor
 
 PAD = 0
 
@@ -73,30 +74,6 @@ def make_group(ordinal: int, target: int, version: int, *, G: int = 2, last: int
                          last_weight_version=version if last is None else last, epoch=ordinal % 3, rollouts=batch,
                          generation_seconds=0.125 * ordinal, attempts=1 + ordinal % 2,
                          token_weight_versions=versions)
-
-
-def assert_same_tensor(a, b, what):
-    assert (a is None) == (b is None), what
-    if a is not None:
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), what
-
-
-def assert_same_group(a: BufferedGroup, b: BufferedGroup):
-    for name in ("ordinal", "target_step", "weight_version", "last_weight_version", "epoch", "generation_seconds",
-                 "attempts"):
-        assert getattr(a, name) == getattr(b, name), name
-    assert_same_tensor(a.token_weight_versions, b.token_weight_versions, "token_weight_versions")
-    x, y = a.rollouts, b.rollouts
-    for f in attrs.fields(RolloutBatch):
-        value = getattr(x, f.name)
-        if isinstance(value, torch.Tensor) or value is None and f.name in ("rewards", "unshaped_rewards"):
-            assert_same_tensor(value, getattr(y, f.name), f.name)
-    assert list(x.reward_components) == list(y.reward_components)
-    for name in x.reward_components:
-        assert_same_tensor(x.reward_components[name], y.reward_components[name], name)
-    assert x.message_logs == y.message_logs
-    assert x.metadata == y.metadata
-    assert (x.pad_token_id, x.weight_version) == (y.pad_token_id, y.weight_version)
 
 
 def buffer(P=3, G=2, A=1, **kw) -> ReplayBuffer:

@@ -26,7 +26,7 @@ VLLM = ["policy.generation.backend=vllm", f"{BLOCK}.kv_cache_memory_bytes=671088
 
 @pytest.mark.parametrize("async_engine", [False, True])
 def test_agents_train_on_vllms_tokens_through_the_endpoint(tmp_path, async_engine):
-    from test_vllm_async import no_eos_model
+    from helpers import no_eos_model
 
     model = no_eos_model(tmp_path / "model", 0)
     result = grpoctl(tmp_path, "env.agent.agent=agents_for_test:two_turns", "grpo.max_num_steps=2",
