@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers import STRICT_ENV, FakeSite, tiny_run_context
+# The Ray clusters, defined once for every module (helpers/ray_fixtures.py says why).
+from helpers.ray_fixtures import ray_cluster, two_nodes  # noqa: F401 - fixtures
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here; fail fast instead of retrying

@@ -12,7 +12,6 @@ import time
 
 import pytest
 from engine_servers.base import start_server
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
 from grpo_sdk.config.loading import load_config
 from grpo_sdk.plugins.toolkit import HTTPClient

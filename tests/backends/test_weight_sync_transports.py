@@ -26,7 +26,6 @@ from helpers import bare_trainer, config_problems, train
 from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.weight_sync import collective, cuda_ipc
 from grpo_sdk.weight_sync.collective import describe, plan_buckets, unpack
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
 SHORT = ["grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false"]
 RAY = ["cluster.runtime=ray"]

@@ -17,7 +17,6 @@ import pytest
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.runtime.deadlines import WorkerError
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 from helpers import assert_same_results, bare_trainer, train
 
 ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.use_importance_sampling_correction=true"]

@@ -32,7 +32,6 @@ from grpo_sdk.config.loading import load_config
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.plugins.registry import Registry
 from grpo_sdk.runtime import nodes
-from helpers.ray_fixtures import two_nodes  # noqa: F401 - the two-node cluster fixture
 
 # The built-in recipe, 3 steps; a checkpoint at the end to compare the weights.
 SHORT = ["grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.save_period=3"]

@@ -25,7 +25,6 @@ from grpo_sdk.plugins.registry import Registry
 from helpers import assert_same_results, bare_trainer, config_problems, train
 from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.runtime.groups import merge_environment_returns, merge_generation_outputs, split_rows
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
 # The built-in recipe (8 prompts x 16 generations, 5 new tokens), short and without validation.
 SHORT = ["grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false"]

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from helpers import config_problems, run_grpoctl, small_trainer
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster, started only when a test asks
 from grpo_sdk.core.records import Message
 from grpo_sdk.environments.code_env import CodeEnvironment, extract_code, row_tests
 from grpo_sdk.environments.specs import CodeEnvConfig

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import FakeSite, run_and_kill_after, run_grpoctl
 from faults.campaign import assert_same_run, final_weights, metrics_of
-from helpers.ray_fixtures import COUNT_TURNS, ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
+from helpers.ray_fixtures import COUNT_TURNS
 
 MULTI = ["env.name=count_turns", "grpo.max_rollout_turns=4", "policy.generation.max_new_tokens=4",
          "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=8", "grpo.val_period=3",

@@ -24,7 +24,6 @@ from grpo_sdk.core.records import Message
 from grpo_sdk.environments.reward_model import RewardModelEnvironment
 from grpo_sdk.environments.specs import RewardModelConfig
 from grpo_sdk.plugins.registry import Registry
-from helpers.ray_fixtures import ray_cluster  # noqa: F401 - the session-wide Ray cluster fixture
 
 # Role -> one character the char tokenizer knows; the template ends every conversation with EOS.
 CHAT_TEMPLATE = ("{% for m in messages %}{{ {'system': 'a', 'user': '+', 'assistant': '=', 'tool': '>'}[m['role']] }}"

@@ -1,8 +1,10 @@
 """One local Ray cluster for the whole test run (each start costs seconds), plus a test-only site;
 and a two-node cluster on loopback for the multi-node tests (``two_nodes``).
 
-Import the fixture into a test module (``from helpers.ray_fixtures import ray_cluster``). A module that
-uses it should skip itself when Ray is not installed: ``pytest.importorskip("ray", reason=...)``.
+tests/conftest.py imports both fixtures, so every module shares one definition: a module that imported
+them itself would get a ``ray_cluster`` of its own, whose site no worker of the already running
+cluster sees. A module that uses them should skip itself when Ray is not installed:
+``pytest.importorskip("ray", reason=...)``.
 
 Ray workers discover components from installed entry points, so a test-only component must be
 importable in every worker: ``ray_cluster.site`` is a folder of fake distributions (see
