@@ -230,7 +230,7 @@ def test_override_covers_exactly_the_flagged_turns_tokens(registry, tmp_path, ti
     batch, _ = trainer.collect_rollouts()
     advantages = torch.ones(batch.batch_size, 1).expand(-1, batch.prompt_ids.shape[1] + batch.response_ids.shape[1])
     grpo = attrs.evolve(trainer.config.grpo, invalid_tool_call_advantage=-5.0)
-    out, _ = override_turn_advantages(advantages, batch, grpo)
+    out, _ = override_turn_advantages(advantages, batch.to_train_batch(batch.reward_valid.float()), grpo)
     assert advantages.eq(1).all()  # the estimator's (broadcast) tensor is not written into
     for i, log in enumerate(batch.message_logs):
         column = batch.prompt_ids.shape[1]

@@ -15,7 +15,8 @@ import grpo_sdk.plugins as api
 from grpo_sdk.plugins import tensors, toolkit, tools
 
 TOOLKIT_NAMES = [
-    "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps",
+    "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "advantage_input",
+    "average_optimizer_steps",
     "background_event_loop", "check_model_source", "dump_config", "free_port", "fsync_dir", "host_store",
     "import_module_here_too", "join_process_group", "leave_process_group", "load_pretrained", "load_tokenizer",
     "model_facts", "node_ip", "non_negative", "pick_device", "positive", "require_engine", "store_address_op",

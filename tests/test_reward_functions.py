@@ -16,6 +16,7 @@ import threading
 import time
 import types
 
+import attrs
 import pytest
 import torch
 
@@ -348,10 +349,10 @@ def test_samples_without_reward_leave_the_loss_and_are_counted(registry, tmp_pat
     trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *ENV, f"data.train_path={data}",
                             "env.reward_functions.functions=[test_reward_functions:even_only]", "data.shuffle=false",
                             "grpo.num_generations_per_prompt=2")
-    metrics, rollouts = trainer.train_step()
-    # rows 0..3, two samples each: n = 1 and 3 have no reward
-    assert rollouts.reward_missing.tolist() == [False, False, True, True] * 2
-    assert rollouts.reward_valid.tolist() == [True, True, False, False] * 2
+    metrics, batch = trainer.train_step()
+    # rows 0..3, two samples each: n = 1 and 3 have no reward, and leave the loss
+    assert batch.reward_valid.tolist() == [True, True, False, False] * 2
+    assert batch.sample_mask.tolist() == [1.0, 1.0, 0.0, 0.0] * 2
     assert metrics["reward/num_no_reward"] == 4 and metrics["reward/num_failed"] == 0
     assert metrics["reward/mean"] == 1.0 and metrics["env/none_fraction/even_only"] == 0.5
     assert math.isfinite(metrics["loss"])
@@ -460,13 +461,13 @@ def spy_on_estimator(trainer) -> dict:
     estimator, seen = trainer.components.estimator, {}
     compute = estimator.compute_advantages
 
-    def spy(rewards, group_ids, mask, **extras):
-        components = extras["reward_components"]
+    def spy(batch):
+        components = batch.reward_components
         seen["components"] = dict(components)
-        out = compute(rewards, group_ids, mask, **extras)
+        out = compute(batch)
         for name in components:
             zeroed = {**components, name: torch.zeros_like(components[name])}
-            seen[f"without {name}"] = compute(rewards, group_ids, mask, **{**extras, "reward_components": zeroed})
+            seen[f"without {name}"] = compute(attrs.evolve(batch, reward_components=zeroed))
         seen["advantages"] = out
         return out
 
@@ -490,7 +491,7 @@ def test_conversational_rows_train_and_reach_the_functions_as_messages(registry,
                             f"policy.tokenizer.name={tmp_path / 'chat_tokenizer'}", "data.shuffle=false",
                             "env.reward_functions.functions=[test_reward_functions:recorded]")
     RECORDED.clear()
-    metrics, rollouts = trainer.train_step()
+    metrics, rollouts = trainer.train_step()  # the step record, a TrainBatch
     prompts, completions, target = RECORDED[0]
     assert prompts[0] == [{"role": "system", "content": "reverse"}, {"role": "user", "content": "12345>"}]
     assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
@@ -500,7 +501,8 @@ def test_conversational_rows_train_and_reach_the_functions_as_messages(registry,
     assert log[2].token_ids and len(log[2].generation_logprobs) == len(log[2].token_ids)
     assert completions[0][0]["content"] == log[2].content
     # the model saw the chat template's rendering: <bos> then the user turn
-    first = rollouts.prompt_ids[0][rollouts.prompt_mask[0].bool()].tolist()
+    prompt = slice(0, rollouts.response_start)
+    first = rollouts.input_ids[0][prompt][rollouts.attention_mask[0][prompt].bool()].tolist()
     assert first == tokenizer("12345>", add_special_tokens=True)["input_ids"]
     rollouts.rewards = torch.zeros(rollouts.batch_size)
     assert example_of(rollouts)["prompt"] == "12345>"  # the last turn before the response

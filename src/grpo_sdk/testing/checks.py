@@ -24,6 +24,7 @@ from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.core.multi_turn import DeclaresTools
+from grpo_sdk.plugins.advantage_calls import API1_CALL
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
 from grpo_sdk.plugins.specs import KINDS, ComponentSpec
 
@@ -328,16 +329,21 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
         if why:
             problems.append(f"{impl.__name__}{_bare(init)} cannot be constructed as {impl.__name__}(config, context): "
                             f"{why}")
+    api1 = impl.__dict__.get("api1_estimator")  # an estimator written for plugin API 1, adapted by the registry
     for attr, signature in required.items():
         if not callable(getattr(impl, attr, None)):
             problems.append(f"{impl.__name__} has no method {attr}{_bare(signature)} ({where[attr]})")
             continue
-        actual = _method_signature(impl, attr)
+        owner = impl
+        if attr == "compute_advantages" and api1 is not None:  # checked as written, against API 1's call
+            owner, signature = api1, API1_CALL
+            where[attr] = f"plugin API 1's {protocol.__name__} (adapted, deprecated)"
+        actual = _method_signature(owner, attr)
         why = signature_problem(signature, actual)
         if why:
             problems.append(f"{impl.__name__}.{attr}{_bare(actual)} does not fit {attr}{_bare(signature)} of "
                             f"{where[attr]}: {why}")
-        elif inspect.iscoroutinefunction(getattr(impl, attr)):
+        elif inspect.iscoroutinefunction(getattr(owner, attr)):
             problems.append(f"{impl.__name__}.{attr} is async; the training loop calls it synchronously")
     if problems:
         raise ContractError(f"{label} ({spec.impl}) does not satisfy the {protocol.__name__} protocol:\n"

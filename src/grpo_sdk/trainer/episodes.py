@@ -216,7 +216,7 @@ def flag_malformed_thinking(episodes: Sequence[Episode], open_tag: str, close_ta
 OVERRIDES = {"invalid_tool_call": "invalid_tool_call_advantage", "malformed_thinking": "malformed_thinking_advantage"}
 
 
-def override_turn_advantages(advantages: Any, rollouts: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
+def override_turn_advantages(advantages: Any, batch: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
     """The seed's message-level overrides: every token of an assistant turn flagged
     ``invalid_tool_call`` (``malformed_thinking``) gets ``grpo.invalid_tool_call_advantage``
     (``grpo.malformed_thinking_advantage``) in place of the estimator's advantage; a turn with both
@@ -228,8 +228,8 @@ def override_turn_advantages(advantages: Any, rollouts: Any, grpo: Any) -> tuple
         return advantages, {}
     counts = dict.fromkeys(OVERRIDES, 0)
     turns, changed = 0, False
-    start = rollouts.prompt_ids.shape[1]
-    for row, log in enumerate(rollouts.message_logs):
+    start = batch.response_start
+    for row, log in enumerate(batch.message_logs):
         offset = start
         for message in response_messages(log):
             stop = offset + len(message.token_ids)

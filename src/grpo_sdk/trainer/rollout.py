@@ -180,6 +180,8 @@ class RolloutBatch:
             group_ids=self.group_ids,
             rewards=self.rewards,
             extras={f"reward/{name}": value for name, value in self.reward_components.items()},
+            reward_components=dict(self.reward_components), reward_valid=self.reward_valid, truncated=self.truncated,
+            response_start=int(self.prompt_ids.shape[1]), message_logs=self.message_logs, metadata=self.metadata,
         )
 
 
@@ -267,10 +269,10 @@ def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[
     return metrics
 
 
-def example_of(rollouts: RolloutBatch | None) -> dict[str, Any] | None:
-    """The first sample of a batch, for the end-of-run summary."""
+def example_of(rollouts: RolloutBatch | TrainBatch | None) -> dict[str, Any] | None:
+    """The first sample of a step's batch, for the end-of-run summary."""
     if rollouts is None or rollouts.batch_size == 0:
         return None
     log = rollouts.message_logs[0]
     return {"prompt": prompt_message(log).content, "response": log[-1].content, "reward": float(rollouts.rewards[0]),
-            "valid": bool(rollouts.reward_valid[0])}
+            "valid": rollouts.reward_valid is None or bool(rollouts.reward_valid[0])}
