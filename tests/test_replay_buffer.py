@@ -136,7 +136,7 @@ def test_short_target_returns_none_and_keeps_its_groups():
 
 
 def test_bug15_wrong_size_group_refused_at_put_and_nothing_lost():
-    """The seed dropped a wrong-size batch after sampling removed it; here the group is refused
+    """NeMo-RL dropped a wrong-size batch after sampling removed it; here the group is refused
     when it is put, and the groups already there stay until the step is whole."""
     buf = buffer(P=2, G=2)
     buf.put(make_group(0, 1, 1))

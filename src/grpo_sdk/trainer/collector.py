@@ -233,7 +233,7 @@ class TrajectoryCollector:
     # --- the thread ---------------------------------------------------------------------------
 
     def _next_target(self) -> int | None:
-        """Wait for a target to generate; the wait is counted as the seed's efficiency categories:
+        """Wait for a target to generate; the wait is counted as NeMo-RL's efficiency categories:
         ``paused`` (the trainer has the engine: a refit or validation) or ``limit`` (every granted
         target is generated: the age window is full, generation is ahead of training)."""
         with self._cond:

@@ -217,12 +217,12 @@ OVERRIDES = {"invalid_tool_call": "invalid_tool_call_advantage", "malformed_thin
 
 
 def override_turn_advantages(advantages: Any, batch: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
-    """The seed's message-level overrides: every token of an assistant turn flagged
+    """NeMo-RL's message-level overrides: every token of an assistant turn flagged
     ``invalid_tool_call`` (``malformed_thinking``) gets ``grpo.invalid_tool_call_advantage``
     (``grpo.malformed_thinking_advantage``) in place of the estimator's advantage; a turn with both
     flags takes the first. Applied after advantage clipping, so the configured value is what the
-    turn gets (the seed clipped after, which could cancel a penalty below advantage_clip_low).
-    Returns the advantages (a copy when any changed) and the seed's metrics."""
+    turn gets (NeMo-RL clipped after, which could cancel a penalty below advantage_clip_low).
+    Returns the advantages (a copy when any changed) and NeMo-RL's metrics."""
     values = {flag: getattr(grpo, key) for flag, key in OVERRIDES.items() if getattr(grpo, key) is not None}
     if not values:
         return advantages, {}

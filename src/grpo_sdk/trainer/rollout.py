@@ -208,7 +208,7 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
             episodes, generation=generation, environment=environment, env_name=cfg.env.name,
             on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
             max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
-    if cfg.grpo.malformed_thinking_advantage is not None:  # the seed's NeMo-Gym flagged these; any episode here
+    if cfg.grpo.malformed_thinking_advantage is not None:  # NeMo-RL's NeMo-Gym flagged these; any episode here
         flag_malformed_thinking(episodes, *cfg.reward_penalties.thinking_tags)
     batch = batch_of(episodes, names, tokenizer.pad_token_id,
                      torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G))

@@ -86,7 +86,7 @@ class StepRollouts:
             "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
 
     def process_rewards(self, rollouts: RolloutBatch) -> dict[str, float]:
-        """The reward penalties and the length penalty (``RolloutRewardChanges``, the seed's rollout-side
+        """The reward penalties and the length penalty (``RolloutRewardChanges``, NeMo-RL's rollout-side
         changes), then scale the components and their total (grpo.reward_scaling), then shape the total
         (grpo.reward_shaping). Returns the penalties' metrics."""
         grpo = self.config.grpo

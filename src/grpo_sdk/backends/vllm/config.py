@@ -1,4 +1,4 @@
-"""Options of the vLLM backend: ``policy.generation.vllm`` (the seed's ``vllm_cfg`` also works)."""
+"""Options of the vLLM backend: ``policy.generation.vllm`` (NeMo-RL's ``vllm_cfg`` also works)."""
 
 from __future__ import annotations
 
