@@ -19,7 +19,7 @@ from grpo_sdk.algorithms.effort_levels import apply_effort_levels, generated_len
 from grpo_sdk.algorithms.length_penalty import CHANNELS, apply_length_penalty, length_penalty_active
 from grpo_sdk.algorithms.reward_penalties import any_penalty, apply_penalties, generated_turns, penalty_flags, \
     reasoning_and_answer, resolve_think_tags
-from grpo_sdk.config.schema import RewardScalingConfig, RewardShapingConfig
+from grpo_sdk.config.schema import MasterConfig, RewardScalingConfig, RewardShapingConfig
 
 
 def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
@@ -133,7 +133,7 @@ class RolloutRewardChanges:
                                              batch.message_logs, batch.metadata)
     """
 
-    def __init__(self, config: Any, tokenizer: Any = None):
+    def __init__(self, config: MasterConfig, tokenizer: Any = None):
         self.penalties, self.length = config.reward_penalties, config.grpo.length_penalty
         self.effort = getattr(config.grpo, "effort_levels", None)  # absent from hand-built configs: off
         self.tokenizer = tokenizer

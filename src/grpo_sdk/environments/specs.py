@@ -12,7 +12,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import MAX_THREADS, MAX_TOKENS
+from grpo_sdk.plugins.toolkit import MAX_THREADS, MAX_TOKENS, MasterConfig
 from grpo_sdk.plugins import ComponentSpec
 
 
@@ -102,7 +102,8 @@ class RewardFunctionsConfig:
         return len(self.functions)
 
 
-def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_reward_functions(config: MasterConfig, options: RewardFunctionsConfig | None,
+                           registry: Any) -> list[tuple[str, str]]:
     if options is None or not options.functions:  # a default is not validated: an absent key lands here
         return [("env.reward_functions.functions", NO_FUNCTIONS)]
     return function_problems(options.functions, options.weights, "env.reward_functions.functions",
@@ -227,7 +228,7 @@ def classifier_problem(model_config: dict[str, Any]) -> str | None:
             "model); loading it as one would score with a randomly initialised head. Use a reward model")
 
 
-def check_reward_model(config: Any, options: RewardModelConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_reward_model(config: MasterConfig, options: RewardModelConfig | None, registry: Any) -> list[tuple[str, str]]:
     """The model source, the label choice and the rule functions, from files only: no model is loaded."""
     import json
     from pathlib import Path
@@ -324,7 +325,7 @@ class CodeEnvConfig:
                          "packages importable).")
 
 
-def check_code_env(config: Any, options: CodeEnvConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_code_env(config: MasterConfig, options: CodeEnvConfig | None, registry: Any) -> list[tuple[str, str]]:
     import os
     import shutil
 
@@ -386,7 +387,7 @@ class CalculatorConfig:
         "scored against the reference solution's turn, a process reward (docs/tools.md).")
 
 
-def check_calculator(config: Any, options: CalculatorConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_calculator(config: MasterConfig, options: CalculatorConfig | None, registry: Any) -> list[tuple[str, str]]:
     options = options or CalculatorConfig()
     problems = []
     if options.reward == "reference" and options.tool_parser != "digits":
@@ -431,7 +432,7 @@ class AgentHarnessConfig:
     endpoint: EndpointConfig = option(factory=EndpointConfig, help="The rollout endpoint the agents talk to.")
 
 
-def check_agent(config: Any, options: AgentHarnessConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_agent(config: MasterConfig, options: AgentHarnessConfig | None, registry: Any) -> list[tuple[str, str]]:
     target = "" if options is None else options.agent
     if not target:
         return [(AGENT_KEY, "name the agent: 'module:function' or an http(s):// URL (docs/agents.md)")]

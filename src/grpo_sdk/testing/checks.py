@@ -15,7 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import attrs
 
@@ -27,6 +27,9 @@ from grpo_sdk.core.multi_turn import DeclaresTools
 from grpo_sdk.plugins.advantage_calls import API1_CALL
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
 from grpo_sdk.plugins.specs import KINDS, ComponentSpec
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 SELECTORS: dict[str, str] = {kind.name: kind.selector_key for kind in COMPONENT_KINDS}
@@ -152,7 +155,7 @@ def _selector_override(kind: str, name: str) -> str:
     return f"{SELECTORS[kind]}={name}"
 
 
-def _section(cfg: Any, kind: str) -> Any:
+def _section(cfg: MasterConfig, kind: str) -> Any:
     node = cfg
     for part in SELECTORS[kind].split(".")[:-1]:
         node = getattr(node, part)

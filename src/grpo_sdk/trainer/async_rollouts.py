@@ -25,13 +25,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.trainer.collector import CollectorStopped, TargetResult, TrajectoryCollector, complete_through
 from grpo_sdk.trainer.replay_buffer import ReplayBuffer
 from grpo_sdk.trainer.rollout import RolloutBatch
 from grpo_sdk.trainer.step_rollouts import StepRollouts
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 ASYNC_DIR = "async"  # inside a checkpoint: buffer.json + buffer.safetensors
 POLL_S = 0.25  # how often a waiting trainer looks at the collector's health
@@ -52,7 +55,7 @@ def rewind_to(frontier: dict[str, Any], counters: Any, prompts: Any) -> None:
     counters.reward_failures = [list(x) for x in frontier["reward_failures"]]
 
 
-def open_collector(config: Any, step_rollouts: StepRollouts, counters: Any, *, step: int,
+def open_collector(config: MasterConfig, step_rollouts: StepRollouts, counters: Any, *, step: int,
                    restore_dir: str | Path | None, saved: dict[str, Any]) -> TrajectoryCollector:
     """The buffer (restored from ``restore_dir`` when it holds what its checkpoint saved) and the
     collector over it, started; nothing granted yet. ``step`` is the next step to train (0-based
@@ -102,7 +105,7 @@ class AsyncRollouts:
     (Ray: ``grpo_sdk.trainer.collector_worker``) a proxy with the same methods over the collector's actor.
     """
 
-    def __init__(self, config: Any, step_rollouts: StepRollouts, state: Any, runtime: Any = None):
+    def __init__(self, config: MasterConfig, step_rollouts: StepRollouts, state: Any, runtime: Any = None):
         self.config = config
         self.step_rollouts = step_rollouts
         self.state = state  # TrainerState: the collector's counters; its ``rollouts`` dict is ours

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -38,6 +38,9 @@ from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, WorkerGro
                                     local_sampler_factory)
 from grpo_sdk.runtime.workers import ComponentWorker, attribute_op, worker_registry
 
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
+
 STOP_MARGIN_S = 60.0  # a remote wait gets this much longer than the wait itself, which reports first
 
 
@@ -45,7 +48,7 @@ STOP_MARGIN_S = 60.0  # a remote wait gets this much longer than the wait itself
 class CollectorSpec:
     """What the collector actor needs to build the collecting side of the loop (all picklable)."""
 
-    config: Any  # MasterConfig
+    config: MasterConfig
     context: Any  # RunContext, registry=None
     generation_workers: tuple[WorkerHandle, ...]
     generation_methods: frozenset[str]

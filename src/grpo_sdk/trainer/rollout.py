@@ -18,7 +18,7 @@ environment turns between them; ``generated_mask`` tells the sampled tokens (the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import attrs
 import torch
@@ -29,6 +29,9 @@ from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.trainer.data import Prompt, PromptBuilder
 from grpo_sdk.trainer.environment_step import prompt_message
 from grpo_sdk.trainer.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -185,7 +188,7 @@ class RolloutBatch:
         )
 
 
-def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: Any,
+def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: MasterConfig,
                      sampling: SamplingParams, max_prompt_tokens: int, group_offset: int,
                      num_generations: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
     """Play ``num_generations`` (default ``grpo.num_generations_per_prompt``) episodes per prompt,

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import positive
+from grpo_sdk.plugins.toolkit import MasterConfig, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -51,7 +51,7 @@ class DynamoConfig:
         "version. Set false for a Dynamo release whose vLLM handler lacks that route.")
 
 
-def check_options(config: Any, options: DynamoConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: DynamoConfig, registry: Any) -> list[tuple[str, str]]:
     """NeMo-RL's managed-Dynamo boundary, for a client of an existing deployment: where it is, that
     it is not colocated, that weights arrive by the collective transport (the workers' only refit
     path used here), and that in-flight updates are refused."""

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import require_engine
+from grpo_sdk.plugins.toolkit import MasterConfig, require_engine
 
 INSTALL = "pip install 'grpo-sdk[sglang]'"
 
@@ -65,7 +65,7 @@ class SGLangConfig:
                                            "arguments, passed as they are (NeMo-RL's sglang_kwargs).")
 
 
-def check_options(config: Any, options: SGLangConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: SGLangConfig, registry: Any) -> list[tuple[str, str]]:
     """Cross-field rules; raises ``PluginError`` (exit 3) when engine mode cannot run here."""
     generation = config.policy.generation
     problems: list[tuple[str, str]] = []

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import require_engine
+from grpo_sdk.plugins.toolkit import MasterConfig, require_engine
 
 INSTALL = ("pip install 'grpo-sdk[trtllm]' --extra-index-url https://pypi.nvidia.com "
            "(the tensorrt-llm package on PyPI is a stub that fetches the real wheel from NVIDIA's index)")
@@ -74,7 +74,7 @@ class TrtllmConfig:
                                         "KvCacheConfig(**it).")
 
 
-def check_options(config: Any, options: TrtllmConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: TrtllmConfig, registry: Any) -> list[tuple[str, str]]:
     """Cross-field rules; raises PluginError (exit 3) when engine mode cannot run here at all."""
     problems: list[tuple[str, str]] = []
     generation = config.policy.generation
