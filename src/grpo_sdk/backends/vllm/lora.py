@@ -62,7 +62,7 @@ def model_support() -> Iterator[None]:
 class AdapterSlot:
     """The engine's one adapter: a directory per weight version, the current ``LoRARequest``."""
 
-    def __init__(self, engine: Any, config: Any):
+    def __init__(self, engine: Any, config: MasterConfig):
         self.engine, self.lora = engine, config.policy.lora
         self.root = Path(tempfile.mkdtemp(prefix="grpo-vllm-lora-"))
         self.request: Any = None
