@@ -389,7 +389,7 @@ class GRPOTrainer:
         perturbs the training sampler's random stream and the same weights always give the same
         numbers. Rewards are the environment's raw rewards (no scaling or shaping). Metrics, logged as
         ``val/<name>``: ``accuracy`` (mean reward), ``pass_k`` (k = grpo.val_num_generations_per_prompt
-        > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; the seed
+        > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; NeMo-RL
         counted any reward > 0), ``avg_length`` (the model's tokens), ``num_samples``, multi-turn the
         episode metrics (``episode/turns_mean``...), and the environment's own metrics.
         """
