@@ -26,8 +26,8 @@ from grpo_sdk.core.records import EnvironmentReturn, Message
 from grpo_sdk.environments import reward_functions as RF
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment, correct_positions
 from grpo_sdk.environments.specs import ReverseDigitsConfig, RewardFunctionsConfig
-from grpo_sdk.trainer.environment_step import step_environment
-from grpo_sdk.trainer.rollout import example_of
+from grpo_sdk.rollouts.environment_step import step_environment
+from grpo_sdk.rollouts.rollout import example_of
 
 ENV = ["env.name=reward_functions", "grpo.val_at_end=false", "grpo.val_period=0"]
 
