@@ -177,7 +177,7 @@ class Bench:
         from grpo_sdk.core.records import SamplingParams
         from grpo_sdk.environments.agent_harness import AgentHarness
         from grpo_sdk.environments.calculator import CalculatorEnvironment
-        from grpo_sdk.environments.reward_functions import reference_for
+        from grpo_sdk.environments.callables import reference_for
         from grpo_sdk.environments.specs import AgentHarnessConfig
         from grpo_sdk.plugins.registry import Registry
         from grpo_sdk.recipes.tiny_model import build_tiny_gpt2

@@ -95,7 +95,7 @@ class AgentHarness:
     def _resolve(self) -> Any:
         with self._lock:
             if self._agent is None:
-                from grpo_sdk.environments.reward_functions import resolve
+                from grpo_sdk.environments.callables import resolve
 
                 self._agent = resolve(self.config.agent, "env.agent.agent")
             return self._agent
