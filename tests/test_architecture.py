@@ -2,7 +2,9 @@
 
 ``grpo_sdk.core`` is the contract layer (protocols, records, errors, kinds, capabilities): it imports
 nothing else of grpo-sdk. ``grpo_sdk.config`` (schema, loading, checks, run context) sits on it and
-imports nothing else, and no two packages import each other (directly or through others).
+imports nothing else, and no two packages import each other (directly or through others). Data
+loading (``grpo_sdk.data``) knows only the contract; the rollouts (``grpo_sdk.rollouts``) sit below
+the trainer and never import it. Inside a package no two modules import each other either.
 """
 
 from __future__ import annotations
@@ -97,6 +99,72 @@ def test_no_cycle_between_packages():
         for a, b in zip(cycle, cycle[1:]):
             detail.append(f"{a} -> {b}: " + "; ".join(edges[(a, b)][:3]))
     assert not found, "import cycles between packages:\n" + "\n".join(detail)
+
+
+def test_data_and_rollouts_sit_below_the_trainer():
+    """Prompts are read and drawn with the contract alone (``grpo_sdk.data``); the rollouts use the
+    data, the serving layer and the runtime, and the trainer drives them, never the other way."""
+    edges = package_edges()
+    outside = [line for (a, b), where in edges.items() for line in where
+               if (a == "data" and b != "core") or (a == "rollouts" and b in ("trainer", "cli", "api", "testing"))]
+    assert not outside, ("grpo_sdk.data may import only grpo_sdk.core, and grpo_sdk.rollouts nothing above it "
+                         "(trainer, cli, api, testing); they import:\n" + "\n".join(outside))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_edges() -> dict[tuple[str, str], list[str]]:
+    """(module, module) -> where, for two modules of the same package (``grpo_sdk.data.prompts`` and
+    ``grpo_sdk.data.hub``; a package's ``__init__`` counts as a module of its parent). Module-level
+    and lazy imports both count; ``from pkg import name`` is an import of ``pkg.name`` when that is
+    a module."""
+    modules = {module_name(path): path for path in SRC.rglob("*.py")}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, path in sorted(modules.items()):
+        for line, target, names in imports_with_names(path):
+            for dest in [target] + [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]:
+                if dest != name and dest in modules and dest.rpartition(".")[0] == name.rpartition(".")[0]:
+                    edges.setdefault((name, dest), []).append(f"{path.relative_to(SRC)}:{line}")
+    return edges
+
+
+def imports_with_names(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``imports_of`` with the names each ``from ... import`` takes (empty for ``import x``)."""
+    names_at: dict[int, list[list[str]]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            names_at.setdefault(node.lineno, []).append([a.name for a in node.names])
+    out = []
+    for line, target in imports_of(path):
+        taken = names_at.get(line, [])
+        out.append((line, target, taken.pop(0) if taken else []))
+    return out
+
+
+# Fixed on the backends branch (issue 34): the lead removes these at merge. Each is the set of
+# modules of one cycle.
+KNOWN_MODULE_CYCLES = {
+    frozenset({"grpo_sdk.backends.trtllm.engine", "grpo_sdk.backends.trtllm.generation"}),
+    frozenset({"grpo_sdk.backends.trtllm.generation", "grpo_sdk.backends.trtllm.server"}),
+    frozenset({"grpo_sdk.backends.vllm.async_engine", "grpo_sdk.backends.vllm.generation"}),
+}
+
+
+def test_no_cycle_between_modules_of_one_package():
+    """A module that imports a sibling which imports it back (even lazily, inside a function) is
+    two modules that cannot be read, tested or moved apart: the shared piece belongs in one of
+    them, or in a third that both import."""
+    edges = module_edges()
+    found = [cycle for cycle in cycles(edges) if frozenset(cycle) not in KNOWN_MODULE_CYCLES]
+    detail = []
+    for cycle in found:
+        detail.append(" -> ".join(cycle))
+        for a, b in zip(cycle, cycle[1:]):
+            detail.append(f"    {a.rpartition('.')[2]} imports {b.rpartition('.')[2]} at " + ", ".join(edges[(a, b)][:3]))
+    assert not found, "import cycles between modules of one package:\n" + "\n".join(detail)
 
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):

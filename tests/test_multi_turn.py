@@ -21,9 +21,9 @@ from test_replay_buffer import assert_same_group
 from grpo_sdk.core.errors import EnvironmentStepError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, Message, hookimpl
-from grpo_sdk.trainer.collector import split_groups
-from grpo_sdk.trainer.episodes import response_messages
-from grpo_sdk.trainer.replay_buffer import ReplayBuffer
+from grpo_sdk.rollouts.collector import split_groups
+from grpo_sdk.rollouts.episodes import response_messages
+from grpo_sdk.rollouts.replay_buffer import ReplayBuffer
 
 TURNS = 4  # the test environment ends an episode after this many assistant turns
 
@@ -224,7 +224,7 @@ def test_flagged_turns_take_the_configured_advantage(registry, tmp_path, tiny_mo
 
 
 def test_override_covers_exactly_the_flagged_turns_tokens(registry, tmp_path, tiny_model_dir):
-    from grpo_sdk.trainer.episodes import override_turn_advantages
+    from grpo_sdk.rollouts.episodes import override_turn_advantages
 
     trainer = trainer_for(registry, tmp_path, tiny_model_dir)
     batch, _ = trainer.collect_rollouts()
@@ -303,7 +303,7 @@ def test_a_template_that_cannot_render_the_environments_turn_is_named(tiny_model
     from transformers import AutoTokenizer
 
     from grpo_sdk.core.errors import GrpoSdkError
-    from grpo_sdk.trainer.episodes import EnvironmentTurns
+    from grpo_sdk.rollouts.episodes import EnvironmentTurns
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from grpo_sdk.core.errors import ConfigError, ExitCode
 from grpo_sdk.core.records import Message
-from grpo_sdk.trainer.replay_buffer import (
+from grpo_sdk.rollouts.replay_buffer import (
     BUFFER_JSON,
     BUFFER_TENSORS,
     BufferedGroup,
@@ -28,7 +28,7 @@ from grpo_sdk.trainer.replay_buffer import (
     ReplayBuffer,
     ReplayBufferError,
 )
-from grpo_sdk.trainer.rollout import RolloutBatch
+from grpo_sdk.rollouts.rollout import RolloutBatch
 
 PAD = 0
 

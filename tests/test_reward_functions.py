@@ -24,11 +24,12 @@ from conftest import config_problems, run_grpoctl, small_trainer
 from grpo_sdk.config.loading import load_config, to_yaml
 from grpo_sdk.core.errors import ConfigError, EnvironmentStepError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, Message
+from grpo_sdk.environments import callables
 from grpo_sdk.environments import reward_functions as RF
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment, correct_positions
 from grpo_sdk.environments.specs import ReverseDigitsConfig, RewardFunctionsConfig
-from grpo_sdk.trainer.environment_step import step_environment
-from grpo_sdk.trainer.rollout import example_of
+from grpo_sdk.rollouts.environment_step import step_environment
+from grpo_sdk.rollouts.rollout import example_of
 
 ENV = ["env.name=reward_functions", "grpo.val_at_end=false", "grpo.val_period=0"]
 
@@ -70,7 +71,7 @@ def plain_log(prompt: str, response: str) -> list[Message]:
 
 
 def env_of(*functions, weights=None) -> RF.RewardFunctionsEnvironment:
-    config = RewardFunctionsConfig(functions=[RF.reference_for(f) for f in functions], weights=weights)
+    config = RewardFunctionsConfig(functions=[callables.reference_for(f) for f in functions], weights=weights)
     return RF.RewardFunctionsEnvironment(config, None)
 
 
@@ -171,7 +172,7 @@ def test_an_entry_that_cannot_be_used_is_named(modules, source, entry, error, me
 def test_the_current_directory_comes_after_installed_packages(modules):
     modules("json", "def loads(text): return 'the local json.py'\n")
     modules("my_scores", "def score(completions): return [1.0] * len(completions)\n")
-    assert RF.resolve("json:loads", "key") is json.loads  # the standard library's, not ./json.py
+    assert callables.resolve("json:loads", "key") is json.loads  # the standard library's, not ./json.py
     env = RF.RewardFunctionsEnvironment(RewardFunctionsConfig(functions=["my_scores:score"]), None)
     assert env.step([plain_log("1>", "1")], [{}]).rewards["score"] == [1.0]
     assert str(__import__("os").getcwd()) not in sys.path  # only for the import
@@ -403,23 +404,23 @@ def test_a_stuck_function_stops_the_run_at_the_call_deadline(registry, tmp_path,
 
 
 def test_a_module_function_is_referenced_by_name():
-    assert RF.reference_for(exact) == "test_reward_functions:exact"
+    assert callables.reference_for(exact) == "test_reward_functions:exact"
 
 
 def test_a_script_or_notebook_function_is_referenced_in_main(monkeypatch):
     main = types.ModuleType("__main__")
     exec("def my_reward(completions):\n    return [1.0] * len(completions)\n", main.__dict__)
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert RF.reference_for(main.my_reward) == "__main__:my_reward"
+    assert callables.reference_for(main.my_reward) == "__main__:my_reward"
     with pytest.raises(ConfigError, match=r"'__main__:gone'.*defined in the script or notebook that started the run; "
                                           r"pass it again through the Python API"):
-        RF.resolve("__main__:gone", "env.reward_functions.functions[0]")
+        callables.resolve("__main__:gone", "env.reward_functions.functions[0]")
 
 
 def test_a_lambda_gets_a_process_local_reference_that_round_trips_through_the_config(registry, tmp_path):
     reward = lambda completions, **kw: [0.25] * len(completions)  # noqa: E731
-    reference = RF.reference_for(reward)
-    assert reference.startswith("callable:lambda#") and RF.reference_for(reward) == reference
+    reference = callables.reference_for(reward)
+    assert reference.startswith("callable:lambda#") and callables.reference_for(reward) == reference
     cfg = load_config(None, [*ENV, f"env.reward_functions.functions=['{reference}']", "data.train_path=d.jsonl"],
                       registry)
     resolved = tmp_path / "config.resolved.yaml"

@@ -259,7 +259,7 @@ def _epochs(cfg: MasterConfig, registry: Any) -> tuple[int | None, str]:
     if missing:
         return None, f"{requested}, bounded by grpo.max_num_epochs={grpo.max_num_epochs}; " + "; ".join(missing)
     sizes = [n for n, _ in counts]
-    if sum(sizes) < grpo.num_prompts_per_step:  # the run refuses to start (trainer.prompt_sources)
+    if sum(sizes) < grpo.num_prompts_per_step:  # the run refuses to start (data.prompt_sources)
         return None, (f"{requested}, but the data holds {sum(sizes)} prompts, fewer than the "
                       f"grpo.num_prompts_per_step={grpo.num_prompts_per_step} every step draws: the run stops at start")
     per_step = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if grpo.use_dynamic_sampling \

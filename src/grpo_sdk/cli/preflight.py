@@ -6,7 +6,7 @@ there, a model path that names nothing, a hub id the machine cannot reach, a pro
 ``policy.max_total_sequence_length`` allows, a task whose generated prompts do not fit.
 ``preflight(cfg)`` looks for each the way setup meets it: the model sources as the loaders check
 them, and the prompts read, templated and tokenized by the same code as the run
-(``trainer.prompt_sources.make_prompt_source`` / ``make_validation_prompts``), with the environment built
+(``data.prompt_sources.make_prompt_source`` / ``make_validation_prompts``), with the environment built
 when it generates prompts. No model is built.
 
 Torch is imported only to tokenize with a local tokenizer directory (transformers' AutoTokenizer
@@ -119,7 +119,7 @@ def _converted_dir(name: str, key: str) -> str | None:
 
 
 class BackendTokenizer:
-    """A ``tokenizers.Tokenizer`` as ``trainer.data.PromptBuilder`` calls a transformers tokenizer (the
+    """A ``tokenizers.Tokenizer`` as ``data.prompts.PromptBuilder`` calls a transformers tokenizer (the
     built-in tokenizer has no chat template), so validating needs neither transformers nor torch."""
 
     chat_template = None
@@ -140,8 +140,8 @@ class BackendTokenizer:
 def prompt_problems(cfg: MasterConfig, registry: Any, tokenizer: Any, notes: list[str],
                     prompt_lengths: list[int] | None = None) -> list[tuple[str, str]]:
     """Build the run's training and validation prompts as setup does, and report what fails."""
-    from grpo_sdk.trainer.data import TOO_LONG_HINT
-    from grpo_sdk.trainer.prompt_sources import make_prompt_source, make_validation_prompts
+    from grpo_sdk.data.prompts import TOO_LONG_HINT
+    from grpo_sdk.data.prompt_sources import make_prompt_source, make_validation_prompts
 
     if tokenizer is None and cfg.data.use_chat_template:  # the template is the tokenizer's: read the rows without it
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, use_chat_template=False))

@@ -319,7 +319,7 @@ class RayRuntime:
                                    max_concurrency: int) -> Any:
         """One ``worker_class`` actor (a ``ComponentWorker``) on the driver's node, so files read the
         same, set up from ``spec`` within cluster.startup_timeout_s, behind a ``group_class`` proxy that
-        shuts down with the run (async GRPO's collector: grpo_sdk.trainer.collector_worker). It
+        shuts down with the run (async GRPO's collector: grpo_sdk.rollouts.collector_worker). It
         reserves no CPU: such an actor coordinates other workers, and a cluster sized for them must
         take it. ``max_concurrency``: calls that run at once (its own threads are extra)."""
         import ray

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.config.context import RunContext
     from grpo_sdk.core.records import SamplingParams
-    from grpo_sdk.trainer.step_rollouts import StepRollouts
+    from grpo_sdk.rollouts.step_rollouts import StepRollouts
 
 REWARD_TAIL = 10  # the summary's reward_last is the mean over this many last steps
 

@@ -51,17 +51,18 @@ from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
 from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams, TrainBatch
+from grpo_sdk.data.prompt_sources import make_prompt_source, make_validation_prompts
+from grpo_sdk.rollouts.async_rollouts import AsyncRollouts
+from grpo_sdk.rollouts.collector import rewind_to_cut
+from grpo_sdk.rollouts.episodes import episode_metrics, override_turn_advantages
+from grpo_sdk.rollouts.rollout import RolloutBatch, collect_rollouts, example_of
+from grpo_sdk.rollouts.step_rollouts import StepRollouts
 from grpo_sdk.runtime import make_runtime
 from grpo_sdk.runtime.allocator import release_freed_memory, while_training
-from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
-from grpo_sdk.trainer.prompt_sources import make_prompt_source, make_validation_prompts
-from grpo_sdk.trainer.episodes import episode_metrics, override_turn_advantages
-from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
 from grpo_sdk.trainer.state import Components, TrainerState
-from grpo_sdk.trainer.step_rollouts import StepRollouts
 
 VALIDATION_SEED_OFFSET = 7_919  # validation's sampling seed is grpo.seed + this + step
 
@@ -509,7 +510,7 @@ class GRPOTrainer:
 
     def shutdown(self) -> None:
         """Close what setup opened, newest first (loggers are closed by ``train``)."""
-        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+        from grpo_sdk.rollouts.agent_rollouts import close_endpoints
 
         try:
             close_endpoints()  # the rollout endpoint before the backend it generates with

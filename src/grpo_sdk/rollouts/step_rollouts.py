@@ -23,7 +23,7 @@ from grpo_sdk.algorithms.rewards import RolloutRewardChanges, mean_metrics, scal
     trivial_groups
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.records import SamplingParams
-from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, rollout_metrics
+from grpo_sdk.rollouts.rollout import RolloutBatch, collect_rollouts, rollout_metrics
 
 if TYPE_CHECKING:
     from grpo_sdk.config.schema import MasterConfig

@@ -8,7 +8,7 @@ continue with exactly the prompts the saved one would have produced (exact resum
 random is stored: a dataset's order in epoch ``e`` is a permutation seeded by
 ``(grpo.seed, e)``, so a position and an epoch number are its whole state.
 
-A module of its own beside ``grpo_sdk.trainer.data`` (reading, checking, templating and
+A module of its own beside ``grpo_sdk.data.prompts`` (reading, checking, templating and
 tokenizing rows into ``Prompt``s): this is the order prompts are drawn in and its checkpointed
 position, which the loop and the async collector use.
 """
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.core.protocols import PromptSampler
-from grpo_sdk.trainer.data import TOO_LONG_HINT, Prompt, PromptBuilder, load_prompts, make_builder
-from grpo_sdk.trainer.hub_data import data_source
+from grpo_sdk.data.prompts import TOO_LONG_HINT, Prompt, PromptBuilder, load_prompts, make_builder
+from grpo_sdk.data.hub import data_source
 
 if TYPE_CHECKING:
     from grpo_sdk.config.schema import MasterConfig

@@ -1,4 +1,4 @@
-"""Rollouts: tokenize prompts, play G episodes each (``trainer.episodes``), build the batch.
+"""Rollouts: tokenize prompts, play G episodes each (``rollouts.episodes``), build the batch.
 
 Decoding and the loss mask stop at the same place, the first stop token or ``max_new_tokens``
 (a prototype that decoded up to ``<pad>`` but masked up to ``<eos>`` taught the policy to emit
@@ -26,9 +26,9 @@ import torch
 from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
-from grpo_sdk.trainer.data import Prompt, PromptBuilder
-from grpo_sdk.trainer.environment_step import prompt_message
-from grpo_sdk.trainer.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
+from grpo_sdk.data.prompts import Prompt, PromptBuilder
+from grpo_sdk.rollouts.environment_step import prompt_message
+from grpo_sdk.rollouts.episodes import Episode, episode_metrics, flag_malformed_thinking, left_pad, run_episodes
 
 if TYPE_CHECKING:
     from grpo_sdk.config.schema import MasterConfig
@@ -51,21 +51,6 @@ def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_token
                             "allowed (data.max_input_seq_length, or policy.max_total_sequence_length - "
                             "policy.generation.max_new_tokens)")
     return ids
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and attention mask, each row right-aligned.
-
-    One tensor built from all rows at once: per-row tensor assignments cost ~10 us each, which at
-    hundreds of rows per step was a visible share of a small model's step.
-    """
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    width = int(lengths.max()) if len(rows) else 0
-    mask = torch.arange(width) >= (width - lengths)[:, None]
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    # Row-major order of the mask's True cells is the rows' tokens concatenated.
-    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    return ids, mask.long()
 
 
 def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
@@ -200,7 +185,7 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
                         source=prompt.source, chat=chat or prompt.messages is not None)
                 for prompt, ids in zip(prompts, prompt_ids) for _ in range(G)]
     if isinstance(environment, RunsAgents):  # the agents play the turns over the rollout endpoint
-        from grpo_sdk.trainer.agent_rollouts import play_agents
+        from grpo_sdk.rollouts.agent_rollouts import play_agents
 
         names, env_metrics = play_agents(
             episodes, [p for p in prompts for _ in range(G)], environment=environment, generation=generation,

@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from grpo_sdk.core.errors import ConfigError, GrpoSdkError
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.records import Message
-from grpo_sdk.trainer.rollout import RolloutBatch
+from grpo_sdk.rollouts.rollout import RolloutBatch
 
 BUFFER_JSON = "buffer.json"
 BUFFER_TENSORS = "buffer.safetensors"

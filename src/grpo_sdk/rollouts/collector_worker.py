@@ -93,9 +93,9 @@ class CollectorWorker(ComponentWorker):
     def setup(self, spec: CollectorSpec) -> dict[str, Any]:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from grpo_sdk.core.models import load_tokenizer
-        from grpo_sdk.trainer.async_rollouts import open_collector
-        from grpo_sdk.trainer.prompt_sources import make_prompt_source
-        from grpo_sdk.trainer.step_rollouts import StepRollouts
+        from grpo_sdk.rollouts.collector import open_collector
+        from grpo_sdk.data.prompt_sources import make_prompt_source
+        from grpo_sdk.rollouts.step_rollouts import StepRollouts
 
         if Path(spec.cwd).is_dir():
             os.chdir(spec.cwd)
@@ -125,7 +125,7 @@ class CollectorWorker(ComponentWorker):
         return {"pid": os.getpid(), "node": self.ping()["node"], "methods": []}
 
     def teardown(self) -> None:
-        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+        from grpo_sdk.rollouts.agent_rollouts import close_endpoints
 
         try:
             if self.component is not None:
