@@ -102,12 +102,13 @@ def test_no_cycle_between_packages():
 
 
 def test_data_and_rollouts_sit_below_the_trainer():
-    """Prompts are read and drawn with the contract alone (``grpo_sdk.data``); the rollouts use the
-    data, the serving layer and the runtime, and the trainer drives them, never the other way."""
+    """Prompts are read and drawn with the contract and the config alone (``grpo_sdk.data``); the
+    rollouts use the data, the serving layer and the runtime, and the trainer drives them, never the
+    other way."""
     edges = package_edges()
     outside = [line for (a, b), where in edges.items() for line in where
-               if (a == "data" and b != "core") or (a == "rollouts" and b in ("trainer", "cli", "api", "testing"))]
-    assert not outside, ("grpo_sdk.data may import only grpo_sdk.core, and grpo_sdk.rollouts nothing above it "
+               if (a == "data" and b not in ("core", "config")) or (a == "rollouts" and b in ("trainer", "cli", "api", "testing"))]
+    assert not outside, ("grpo_sdk.data may import only grpo_sdk.core and grpo_sdk.config, and grpo_sdk.rollouts nothing above it "
                          "(trainer, cli, api, testing); they import:\n" + "\n".join(outside))
 
 
