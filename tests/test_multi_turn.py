@@ -317,3 +317,35 @@ def test_a_template_that_cannot_render_the_environments_turn_is_named(tiny_model
     tokenizer.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(GrpoSdkError, match="rewrites earlier turns"):
         EnvironmentTurns(tokenizer).encode([([Message(role="user", content="1")], None, True)])
+
+
+def test_a_single_turn_batch_takes_the_generations_tensors_as_the_lists_would_build_them(
+        registry, tmp_path, tiny_model_dir):
+    """Single-turn, ``batch_of`` takes the response rows straight from the GenerationOutput; built
+    from the episodes' token lists instead, every tensor is the same."""
+    from grpo_sdk.rollouts import rollout
+
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "grpo.max_rollout_turns=1")
+    parts, seen = trainer.components, {}
+    batch_of = rollout.batch_of
+
+    def both(episodes, names, pad, groups):
+        assert all(e.sampled is not None for e in episodes)
+        seen["tensors"] = batch_of(episodes, names, pad, groups)
+        for e in episodes:
+            e.sampled = None
+        seen["lists"] = batch_of(episodes, names, pad, groups)
+        return seen["tensors"]
+
+    rollout.batch_of = both
+    try:
+        trainer.collect_rollouts()
+    finally:
+        rollout.batch_of = batch_of
+    tensors, lists = seen["tensors"], seen["lists"]
+    for name in ("response_ids", "response_lengths", "generation_logprobs", "truncated", "reward_valid"):
+        assert torch.equal(getattr(tensors, name), getattr(lists, name)), name
+    assert tensors.generation_logprobs.dtype == torch.float32 and tensors.generated_mask is None
+    assert tensors.weight_version == lists.weight_version and tensors.token_weight_versions is None
+    assert bool((tensors.response_lengths < tensors.response_ids.shape[1]).any())  # padding was compared too
+    trainer.shutdown()

@@ -53,6 +53,9 @@ class Episode:
     truncated: bool = False
     stop_token: int | None = None  # the token that ended the last assistant turn; None: it ran out of tokens
     full: bool = False  # the sequence reached policy.max_total_sequence_length: nothing more can follow
+    # (GenerationOutput, row) of the episode's only turn, so the batch takes its tensors as sampled;
+    # None once anything follows that turn (the batch is then built from the lists above)
+    sampled: tuple[Any, int] | None = None
 
     @property
     def context(self) -> list[int]:
@@ -79,7 +82,6 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
                  turns: EnvironmentTurns | None = None) -> tuple[list[str], dict[str, float]]:
     """Play every episode to its end; the reward components' names and the environment's metrics
     (each call's, weighted by its samples)."""
-    turns = turns or EnvironmentTurns(tokenizer)
     names: set[str] = set()
     sums: dict[str, float] = {}
     samples = 0
@@ -110,7 +112,9 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
             sums[key] = sums.get(key, 0.0) + value * len(active)
         samples += len(active)
         going = _apply_results(active, results, last_turn=turn == max_turns)
-        _append_environment_turns(going, turns, max_total_tokens)
+        if going:  # a single-turn rollout never builds the chat continuation
+            turns = turns or EnvironmentTurns(tokenizer)
+            _append_environment_turns(going, turns, max_total_tokens)
     for episode in episodes:
         episode.done = True
     return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
@@ -129,6 +133,7 @@ def _take_turn(active: list[Episode], room: list[int], out: Any, tokenizer: Any)
         episode.stop_token = ids[-1] if stopped[i] and n == lengths[i] and ids else None
         episode.truncated = episode.stop_token is None
         episode.full = n >= room[i]
+        episode.sampled = (out, i) if not episode.tokens else None
         episode.tokens += ids
         episode.generated += [True] * n
         episode.logprobs += turn_logprobs

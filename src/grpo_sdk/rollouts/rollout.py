@@ -204,31 +204,67 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
 
 
 def batch_of(episodes: list[Episode], names: list[str], pad_token_id: int, group_ids: torch.Tensor) -> RolloutBatch:
-    """The finished episodes as one batch: prompts left-padded, everything after them right-padded."""
+    """The finished episodes as one batch: prompts left-padded, everything after them right-padded.
+    Single-turn, the response tensors are the generation's own rows (``sampled_responses``)."""
     prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_token_id)
-    width = max((len(e.tokens) for e in episodes), default=0)
-
-    def right(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype).reshape(-1, width)
-
-    oldest = min((v for e in episodes for v, g in zip(e.versions, e.generated) if g), default=0)
-    versions = right([e.versions for e in episodes], oldest, torch.long)
-    single_turn = all(all(e.generated) for e in episodes)
+    responses = sampled_responses(episodes, pad_token_id)
+    if responses is None:
+        responses = listed_responses(episodes, pad_token_id)
+    response_ids, lengths, logprobs, versions, generated = responses
+    oldest = int(versions[generated].min()) if bool(generated.any()) else 0
+    after = torch.arange(response_ids.shape[1])[None, :] >= lengths[:, None]
+    versions = torch.where(after, oldest, versions)  # past the response: the oldest, as if sampled by it
     failed = torch.tensor([e.failure is not None for e in episodes], dtype=torch.bool)
     missing = torch.tensor([e.failure is None and not e.scored for e in episodes], dtype=torch.bool)
+    single_turn = all(all(e.generated) for e in episodes)
     return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=right([e.tokens for e in episodes],
-                                                                            pad_token_id, torch.long),
-        response_lengths=torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long),
-        generation_logprobs=right([e.logprobs for e in episodes], 0.0, torch.float32),
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_lengths=lengths,
+        generation_logprobs=logprobs,
         truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool), group_ids=group_ids,
         reward_components={n: torch.tensor([e.rewards.get(n, 0.0) if e.failure is None else 0.0 for e in episodes],
                                            dtype=torch.float32) for n in names},
         reward_valid=~failed & ~missing, reward_missing=missing,
         message_logs=[e.log for e in episodes], metadata=[e.metadata for e in episodes], pad_token_id=pad_token_id,
         weight_version=oldest, token_weight_versions=None if bool((versions == oldest).all()) else versions,
-        generated_mask=None if single_turn else right([e.generated for e in episodes], False, torch.bool),
+        generated_mask=None if single_turn else generated,
     )
+
+
+Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""``[B, R]`` token ids (pad after the response), ``[B]`` lengths, ``[B, R]`` float32 logprobs (0
+after), ``[B, R]`` weight versions (any value after) and ``[B, R]`` bool: sampled by the model."""
+
+
+def sampled_responses(episodes: list[Episode], pad_token_id: int) -> Responses | None:
+    """The responses as rows of the one ``GenerationOutput`` every episode's only turn came from
+    (cut where each episode's room ended), with no trip through Python lists; None otherwise."""
+    first = episodes[0].sampled if episodes else None
+    if first is None or any(e.sampled is None or e.sampled[0] is not first[0] for e in episodes):
+        return None
+    out = first[0]
+    rows = torch.tensor([e.sampled[1] for e in episodes], dtype=torch.long)
+    lengths = torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long)
+    width = int(lengths.max())
+    kept = torch.arange(width)[None, :] < lengths[:, None]
+    ids = torch.where(kept, out.response_ids.cpu()[rows, :width].long(), pad_token_id)
+    logprobs = torch.where(kept, out.logprobs.cpu()[rows, :width].float(), 0.0)
+    versions = out.token_weight_versions.cpu()[rows, :width].long() if out.token_weight_versions is not None \
+        else torch.full((len(episodes), width), out.weight_version, dtype=torch.long)
+    return ids, lengths, logprobs, versions, kept
+
+
+def listed_responses(episodes: list[Episode], pad_token_id: int) -> Responses:
+    """The responses from each episode's token lists (multi-turn, agents): every turn, the
+    environment's tokens between the assistant's."""
+    width = max((len(e.tokens) for e in episodes), default=0)
+
+    def right(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype).reshape(-1, width)
+
+    return (right([e.tokens for e in episodes], pad_token_id, torch.long),
+            torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long),
+            right([e.logprobs for e in episodes], 0.0, torch.float32), right([e.versions for e in episodes], 0, torch.long),
+            right([e.generated for e in episodes], False, torch.bool))
 
 
 def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[str, float]:
