@@ -39,7 +39,7 @@ class LocalRuntime:
         pass
 
 
-def make_runtime(config: MasterConfig, registry: Any) -> Any:
+def make_runtime(config: MasterConfig, registry: Any) -> Runtime:
     """The runtime ``cluster.runtime`` selects; ``ray`` is imported only when selected."""
     if config.cluster.runtime == "ray":
         from grpo_sdk.runtime.ray_runtime import RayRuntime
