@@ -108,7 +108,7 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
 
 
 BUILT_IN_PLUGIN_PACKAGES = ("backends", "estimators", "environments", "weight_sync", "loggers")
-PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "tools")  # documented in docs/plugins.md and docs/compatibility.md
+PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "training", "tools")  # documented in docs/plugins.md, compatibility.md
 
 
 def test_built_in_components_import_only_the_public_plugin_api():
@@ -128,6 +128,23 @@ def test_built_in_components_import_only_the_public_plugin_api():
                          f"{', '.join('grpo_sdk.plugins.' + m for m in PUBLIC_PLUGIN_SUBMODULES)}); they import:\n"
                          + "\n".join(outside))
 
+
+def test_no_backend_imports_another_backend():
+    """Each built-in backend (``grpo_sdk.backends.<name>``) stands alone, as a third-party one would:
+    what two of them share (the optimizer, the training loop, data-parallel helpers, colocation,
+    sampling) is public in ``grpo_sdk.plugins``' submodules, never imported from the other backend.
+    Lazy imports count too, and so does a module directly under ``backends`` (no shared private home)."""
+    outside = []
+    for path in sorted((SRC / "backends").rglob("*.py")):
+        parts = path.relative_to(SRC / "backends").parts
+        own = parts[0] if len(parts) > 1 else None
+        for line, target in imports_of(path):
+            names = target.split(".")
+            # ``from grpo_sdk.backends import hf`` names the package only: a sibling all the same.
+            if names[:2] == ["grpo_sdk", "backends"] and (len(names) == 2 or names[2] != own):
+                outside.append(f"{path.relative_to(SRC)}:{line} -> {target}")
+    assert not outside, "a backend imports another backend (make the shared piece public in grpo_sdk.plugins):\n" \
+        + "\n".join(outside)
 
 
 def test_the_kinds_table_is_the_only_list_of_kinds():

@@ -1,5 +1,6 @@
 """The documented submodules of the public plugin API: ``grpo_sdk.plugins.toolkit`` (no torch),
-``grpo_sdk.plugins.tensors`` (torch) and ``grpo_sdk.plugins.tools`` (tool environments, no torch),
+``grpo_sdk.plugins.tensors`` and ``grpo_sdk.plugins.training`` (torch) and ``grpo_sdk.plugins.tools``
+(tool environments, no torch),
 pinned like ``grpo_sdk.plugins`` itself, and the worker-group protocols the Ray runtime implements
 for weight-sync transports."""
 
@@ -12,18 +13,23 @@ import sys
 from pathlib import Path
 
 import grpo_sdk.plugins as api
-from grpo_sdk.plugins import tensors, toolkit, tools
+from grpo_sdk.plugins import tensors, toolkit, tools, training
 
 TOOLKIT_NAMES = [
     "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps",
-    "background_event_loop", "check_model_source", "dump_config", "free_port", "fsync_dir", "host_store",
-    "import_module_here_too", "join_process_group", "leave_process_group", "load_pretrained", "load_tokenizer",
-    "model_facts", "node_ip", "non_negative", "pick_device", "positive", "require_engine", "store_address_op",
-    "sum_micro_batches", "tcp_store", "write_text_atomic",
+    "background_event_loop", "check_model_source", "dump_config", "forget_policy", "free_port", "fsync_dir",
+    "host_store", "import_module_here_too", "join_process_group", "leave_process_group", "load_pretrained",
+    "load_tokenizer", "model_facts", "node_ip", "non_negative", "pick_device", "positive", "publish_policy",
+    "published_policy", "require_engine", "store_address_op", "sum_micro_batches", "tcp_store", "write_text_atomic",
 ]
 TENSORS_NAMES = [
-    "GroupLayout", "calculate_kl", "masked_mean", "process_logits", "read_weights", "shifted_moments",
-    "token_logprobs", "whiten", "write_weights",
+    "DTYPES", "GroupLayout", "calculate_kl", "masked_mean", "position_ids_for", "process_logits", "read_weights",
+    "sample_token", "shifted_moments", "token_logprobs", "whiten", "write_weights",
+]
+TRAINING_NAMES = [
+    "TrainsGlobalBatches", "all_gather_rows", "all_reduce_metrics", "any_rank", "broadcast_json", "clip_gradients",
+    "describe_rows", "lr_lambda", "make_optimizer", "max_over_ranks", "row_share", "select_rows",
+    "train_global_batches",
 ]
 TOOLS_NAMES = [
     "HermesParser", "INVALID_TOOL_CALL", "PARSERS", "ParsedTurn", "Tool", "ToolCall", "ToolCallParser", "ToolEnvironment",
@@ -36,7 +42,8 @@ def test_the_submodules_names_are_pinned_and_resolve():
     assert sorted(toolkit.__all__) == TOOLKIT_NAMES, "grpo_sdk.plugins.toolkit is public: change it deliberately"
     assert sorted(tensors.__all__) == TENSORS_NAMES, "grpo_sdk.plugins.tensors is public: change it deliberately"
     assert sorted(tools.__all__) == TOOLS_NAMES, "grpo_sdk.plugins.tools is public: change it deliberately"
-    for module in (toolkit, tensors, tools):
+    assert sorted(training.__all__) == TRAINING_NAMES, "grpo_sdk.plugins.training is public: change it deliberately"
+    for module in (toolkit, tensors, tools, training):
         for name in module.__all__:
             assert getattr(module, name, None) is not None, f"{module.__name__}.{name} does not resolve"
 
@@ -44,7 +51,7 @@ def test_the_submodules_names_are_pinned_and_resolve():
 def test_the_submodules_are_documented():
     for page in ("plugins.md", "compatibility.md"):
         text = (DOCS / page).read_text()
-        assert all(f"grpo_sdk.plugins.{m}" in text for m in ("toolkit", "tensors", "tools")), page
+        assert all(f"grpo_sdk.plugins.{m}" in text for m in ("toolkit", "tensors", "training", "tools")), page
 
 
 def test_the_toolkit_imports_no_heavy_module():
