@@ -147,6 +147,29 @@ def test_no_backend_imports_another_backend():
         + "\n".join(outside)
 
 
+# Modules outside grpo_sdk.backends that still name a built-in backend, and why.
+NAMES_A_BACKEND = {
+    "cli/memory_plan.py": "whether hf generation shares the hf policy's model (backends.hf.config, light)",
+}
+
+
+def test_only_the_backends_name_a_backend():
+    """The trainer, runtimes and commands reach a backend through the registry and the protocols
+    (``grpoctl export`` merges LoRA adapters through the policy class's ``ExportsMergedModel``), never by
+    importing ``grpo_sdk.backends``; the few exceptions are listed, each with its reason."""
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        where = str(path.relative_to(SRC))
+        if where.startswith("backends/"):
+            continue
+        for line, target in imports_of(path):
+            if target == "grpo_sdk.backends" or target.startswith("grpo_sdk.backends."):
+                found.setdefault(where, []).append(f"{where}:{line} -> {target}")
+    unlisted = [line for where, lines in found.items() if where not in NAMES_A_BACKEND for line in lines]
+    assert not unlisted, "modules outside grpo_sdk.backends import a backend:\n" + "\n".join(unlisted)
+    assert sorted(found) == sorted(NAMES_A_BACKEND), "NAMES_A_BACKEND lists a module that no longer names one"
+
+
 def test_the_kinds_table_is_the_only_list_of_kinds():
     """core.kinds declares each kind once; the entry-point groups, labels, kit selectors and
     protocols, the scaffold's config blocks and the config's pluggable sections all follow it."""

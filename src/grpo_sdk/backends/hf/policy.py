@@ -306,6 +306,12 @@ class HFPolicy:
         return {name: position[id(p)] for name, p in self.model.named_parameters(remove_duplicate=False)
                 if id(p) in position}
 
+    @staticmethod
+    def export_merged(policy_dir: str, out: str) -> None:
+        """``ExportsMergedModel``: a LoRA checkpoint (adapters only) as a standalone model directory, the
+        adapters merged into the base model they were trained on (``grpoctl export --lora merged``)."""
+        lora.export_merged(Path(policy_dir), Path(out))
+
     def offload(self) -> None:
         if self.shared_with_generation:
             return  # the generation samples with this very module next: moving it would free nothing
