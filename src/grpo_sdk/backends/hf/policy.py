@@ -27,7 +27,7 @@ import copy
 import functools
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
