@@ -147,6 +147,40 @@ def test_no_backend_imports_another_backend():
         + "\n".join(outside)
 
 
+def module_edges(package: str) -> dict[tuple[str, str], list[str]]:
+    """(module, module) -> where, between the modules of ``grpo_sdk.<package>`` (``backends.hf.policy``),
+    lazy imports included; a package's ``__init__`` is left out (importing a submodule runs it anyway)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted((SRC / package).rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        source = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for line, target in imports_of(path) + submodules_imported(path):
+            target = target.removeprefix("grpo_sdk.")
+            if target != source and target.startswith(package + ".") and (SRC / (target.replace(".", "/") + ".py")).is_file():
+                edges.setdefault((source, target), []).append(f"{path.relative_to(SRC)}:{line} -> {target}")
+    return edges
+
+
+def submodules_imported(path: Path) -> list[tuple[int, str]]:
+    """``from grpo_sdk.backends.vllm import async_engine``: the submodules a ``from package import``
+    names (``imports_of`` sees the package only)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("grpo_sdk."):
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def test_no_cycle_between_the_modules_of_a_backend():
+    """Within a backend, what two modules share lives in a third they both import (trtllm's base.py,
+    vllm's engine_inputs.py), never in one of them importing the other back, lazily or not."""
+    edges = module_edges("backends")
+    found = cycles(edges)
+    detail = [f"{a} -> {b}: " + "; ".join(edges[(a, b)][:2]) for cycle in found for a, b in zip(cycle, cycle[1:])]
+    assert not found, "import cycles between the modules of a backend:\n" + "\n".join(detail)
+
+
 # Modules outside grpo_sdk.backends that still name a built-in backend, and why.
 NAMES_A_BACKEND = {
     "cli/memory_plan.py": "whether hf generation shares the hf policy's model (backends.hf.config, light)",
