@@ -157,7 +157,8 @@ def module_edges(package: str) -> dict[tuple[str, str], list[str]]:
         source = ".".join(path.relative_to(SRC).with_suffix("").parts)
         for line, target in imports_of(path) + submodules_imported(path):
             target = target.removeprefix("grpo_sdk.")
-            if target != source and target.startswith(package + ".") and (SRC / (target.replace(".", "/") + ".py")).is_file():
+            is_module = (SRC / (target.replace(".", "/") + ".py")).is_file()
+            if target != source and target.startswith(package + ".") and is_module:
                 edges.setdefault((source, target), []).append(f"{path.relative_to(SRC)}:{line} -> {target}")
     return edges
 

@@ -43,7 +43,8 @@ from grpo_sdk.backends.megatron.parallel import vocab_parallel_token_logprobs
 from grpo_sdk.plugins import LossFunction, RunContext, TrainBatch
 from grpo_sdk.plugins.tensors import DTYPES, position_ids_for
 from grpo_sdk.plugins.toolkit import free_port
-from grpo_sdk.plugins.training import all_gather_rows, all_reduce_metrics, any_rank, make_optimizer, train_global_batches
+from grpo_sdk.plugins.training import (all_gather_rows, all_reduce_metrics, any_rank, make_optimizer,
+                                       train_global_batches)
 
 # "optimizer.*": grpoctl export leaves these out of an exported model directory (trainer.checkpoint).
 CHECKPOINT_FILE = "optimizer.pt"
