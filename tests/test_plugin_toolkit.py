@@ -145,7 +145,7 @@ def _batch(rows=4, seq=3):
 
 def _mean_loss(logprobs, batch, *, global_valid_seqs, global_valid_toks):
     loss = (logprobs * batch.token_mask).sum() / global_valid_toks
-    return loss, {"loss": float(loss)}
+    return loss, {"loss": float(loss.detach())}
 
 
 def test_train_global_batches_does_not_depend_on_the_micro_batch_size():
