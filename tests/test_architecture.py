@@ -2,7 +2,9 @@
 
 ``grpo_sdk.core`` is the contract layer (protocols, records, errors, kinds, capabilities): it imports
 nothing else of grpo-sdk. ``grpo_sdk.config`` (schema, loading, checks, run context) sits on it and
-imports nothing else, and no two packages import each other (directly or through others).
+imports nothing else, and no two packages import each other (directly or through others). Data
+loading (``grpo_sdk.data``) knows only the contract; the rollouts (``grpo_sdk.rollouts``) sit below
+the trainer and never import it. Inside a package no two modules import each other either.
 """
 
 from __future__ import annotations
@@ -99,6 +101,64 @@ def test_no_cycle_between_packages():
     assert not found, "import cycles between packages:\n" + "\n".join(detail)
 
 
+def test_data_and_rollouts_sit_below_the_trainer():
+    """Prompts are read and drawn with the contract and the config alone (``grpo_sdk.data``); the
+    rollouts use the data, the serving layer and the runtime, and the trainer drives them, never the
+    other way."""
+    edges = package_edges()
+    outside = [line for (a, b), where in edges.items() for line in where
+               if (a == "data" and b not in ("core", "config")) or (a == "rollouts" and b in ("trainer", "cli", "api", "testing"))]
+    assert not outside, ("grpo_sdk.data may import only grpo_sdk.core and grpo_sdk.config, and grpo_sdk.rollouts nothing above it "
+                         "(trainer, cli, api, testing); they import:\n" + "\n".join(outside))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_edges() -> dict[tuple[str, str], list[str]]:
+    """(module, module) -> where, for two modules of the same package (``grpo_sdk.data.prompts`` and
+    ``grpo_sdk.data.hub``; a package's ``__init__`` counts as a module of its parent). Module-level
+    and lazy imports both count; ``from pkg import name`` is an import of ``pkg.name`` when that is
+    a module."""
+    modules = {module_name(path): path for path in SRC.rglob("*.py")}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, path in sorted(modules.items()):
+        for line, target, names in imports_with_names(path):
+            for dest in [target] + [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]:
+                if dest != name and dest in modules and dest.rpartition(".")[0] == name.rpartition(".")[0]:
+                    edges.setdefault((name, dest), []).append(f"{path.relative_to(SRC)}:{line}")
+    return edges
+
+
+def imports_with_names(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``imports_of`` with the names each ``from ... import`` takes (empty for ``import x``)."""
+    names_at: dict[int, list[list[str]]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            names_at.setdefault(node.lineno, []).append([a.name for a in node.names])
+    out = []
+    for line, target in imports_of(path):
+        taken = names_at.get(line, [])
+        out.append((line, target, taken.pop(0) if taken else []))
+    return out
+
+
+def test_no_cycle_between_modules_of_one_package():
+    """A module that imports a sibling which imports it back (even lazily, inside a function) is
+    two modules that cannot be read, tested or moved apart: the shared piece belongs in one of
+    them, or in a third that both import."""
+    edges = module_edges()
+    found = cycles(edges)
+    detail = []
+    for cycle in found:
+        detail.append(" -> ".join(cycle))
+        for a, b in zip(cycle, cycle[1:]):
+            detail.append(f"    {a.rpartition('.')[2]} imports {b.rpartition('.')[2]} at " + ", ".join(edges[(a, b)][:3]))
+    assert not found, "import cycles between modules of one package:\n" + "\n".join(detail)
+
+
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     # The checks above are only as good as the walker: it must see imports inside functions.
     path = SRC / "config" / "loading.py"
@@ -145,41 +205,6 @@ def test_no_backend_imports_another_backend():
                 outside.append(f"{path.relative_to(SRC)}:{line} -> {target}")
     assert not outside, "a backend imports another backend (make the shared piece public in grpo_sdk.plugins):\n" \
         + "\n".join(outside)
-
-
-def module_edges(package: str) -> dict[tuple[str, str], list[str]]:
-    """(module, module) -> where, between the modules of ``grpo_sdk.<package>`` (``backends.hf.policy``),
-    lazy imports included; a package's ``__init__`` is left out (importing a submodule runs it anyway)."""
-    edges: dict[tuple[str, str], list[str]] = {}
-    for path in sorted((SRC / package).rglob("*.py")):
-        if path.name == "__init__.py":
-            continue
-        source = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        for line, target in imports_of(path) + submodules_imported(path):
-            target = target.removeprefix("grpo_sdk.")
-            is_module = (SRC / (target.replace(".", "/") + ".py")).is_file()
-            if target != source and target.startswith(package + ".") and is_module:
-                edges.setdefault((source, target), []).append(f"{path.relative_to(SRC)}:{line} -> {target}")
-    return edges
-
-
-def submodules_imported(path: Path) -> list[tuple[int, str]]:
-    """``from grpo_sdk.backends.vllm import async_engine``: the submodules a ``from package import``
-    names (``imports_of`` sees the package only)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("grpo_sdk."):
-            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
-    return found
-
-
-def test_no_cycle_between_the_modules_of_a_backend():
-    """Within a backend, what two modules share lives in a third they both import (trtllm's base.py,
-    vllm's engine_inputs.py), never in one of them importing the other back, lazily or not."""
-    edges = module_edges("backends")
-    found = cycles(edges)
-    detail = [f"{a} -> {b}: " + "; ".join(edges[(a, b)][:2]) for cycle in found for a, b in zip(cycle, cycle[1:])]
-    assert not found, "import cycles between the modules of a backend:\n" + "\n".join(detail)
 
 
 # Modules outside grpo_sdk.backends that still name a built-in backend, and why.

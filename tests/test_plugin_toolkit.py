@@ -18,11 +18,12 @@ import grpo_sdk.plugins as api
 from grpo_sdk.plugins import tensors, toolkit, tools, training
 
 TOOLKIT_NAMES = [
-    "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "average_optimizer_steps",
-    "background_event_loop", "check_model_source", "dump_config", "forget_policy", "free_port", "fsync_dir",
-    "host_store", "import_module_here_too", "join_process_group", "leave_process_group", "load_pretrained",
-    "load_tokenizer", "model_facts", "node_ip", "non_negative", "pick_device", "positive", "publish_policy",
-    "published_policy", "require_engine", "store_address_op", "sum_micro_batches", "tcp_store", "write_text_atomic",
+    "HTTPClient", "LossConfig", "MAX_THREADS", "MAX_TOKENS", "MasterConfig", "RemovedOption", "advantage_input",
+    "average_optimizer_steps", "background_event_loop", "check_model_source", "dump_config", "forget_policy",
+    "free_port", "fsync_dir", "host_store", "import_module_here_too", "join_process_group", "leave_process_group",
+    "load_pretrained", "load_tokenizer", "model_facts", "node_ip", "non_negative", "pick_device", "positive",
+    "publish_policy", "published_policy", "require_engine", "store_address_op", "sum_micro_batches", "tcp_store",
+    "write_text_atomic",
 ]
 TENSORS_NAMES = [
     "DTYPES", "GroupLayout", "calculate_kl", "masked_mean", "position_ids_for", "process_logits", "read_weights",

@@ -215,10 +215,7 @@ def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
     """The ``rows`` of every tensor of ``batch`` (a view when they are contiguous)."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return batch.rows(rows[0], rows[0] + len(rows))
-    index = torch.tensor(rows)
-    fields = {f.name: getattr(batch, f.name) for f in attrs.fields(TrainBatch) if f.name != "extras"}
-    return TrainBatch(**{k: None if t is None else t[index.to(t.device)] for k, t in fields.items()},
-                      extras={k: t[index.to(t.device)] for k, t in batch.extras.items()})
+    return batch.select(rows)
 
 
 def describe_rows(rows: list[int]) -> str:

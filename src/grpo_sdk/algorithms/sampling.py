@@ -26,7 +26,7 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     if top_k == 1 and vocab > 1:
         # Greedy keeps one token, the first of a tie as argmax does: masking below the k-th value would
         # keep every tied token and draw among them, and bfloat16 logits tie often enough that "greedy"
-        # validation then moved with the seed (SmolLM2 held-out accuracy 0.13-0.17 from one model).
+        # validation then moved with the sampling seed (SmolLM2 held-out accuracy 0.13-0.17 from one model).
         best = logits.argmax(-1, keepdim=True)
         logits = torch.full_like(logits, float("-inf")).scatter(-1, best, logits.gather(-1, best))
     elif top_k is not None and 0 < top_k < vocab:

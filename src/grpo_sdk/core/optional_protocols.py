@@ -139,7 +139,7 @@ class ReportsMetrics(Protocol):
             def __init__(self, config, context):
                 self.last_metrics: dict[str, float] = {}
 
-            def compute_advantages(self, rewards, group_ids, mask, **extras):
+            def compute_advantages(self, batch):
                 ...
                 self.last_metrics = {"on_policy_distillation/adv_mean": float(adv.mean())}
                 return adv

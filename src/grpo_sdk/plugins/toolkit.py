@@ -28,6 +28,9 @@ neither torch nor transformers nor ray; the functions that need them import them
   line); ``join_process_group`` / ``leave_process_group`` / ``host_store``: a weight-update
   process group built as the engines build theirs (SGLang's ``init_custom_process_group``), for
   a trainer's rank 0 or an engine-side receiver.
+* Estimators: ``advantage_input``, the decorator for ``compute_advantages(self, batch:
+  AdvantageInput)`` that also accepts plugin API 1's call ``(rewards, group_ids, mask, **extras)``
+  (with a DeprecationWarning), as every built-in estimator does.
 * Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
   components whose caller may already run a loop, as in Jupyter).
 * User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
@@ -66,6 +69,7 @@ from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
 from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
 from grpo_sdk.core.models import check_model_source, load_pretrained, load_tokenizer
+from grpo_sdk.plugins.advantage_calls import advantage_input
 
 
 def dump_config(config: Any) -> Any:
@@ -106,6 +110,7 @@ __all__ = [
     "MAX_TOKENS",
     "MasterConfig",
     "RemovedOption",
+    "advantage_input",
     "average_optimizer_steps",
     "background_event_loop",
     "check_model_source",
