@@ -145,21 +145,12 @@ def imports_with_names(path: Path) -> list[tuple[int, str, list[str]]]:
     return out
 
 
-# Fixed on the backends branch (issue 34): the lead removes these at merge. Each is the set of
-# modules of one cycle.
-KNOWN_MODULE_CYCLES = {
-    frozenset({"grpo_sdk.backends.trtllm.engine", "grpo_sdk.backends.trtllm.generation"}),
-    frozenset({"grpo_sdk.backends.trtllm.generation", "grpo_sdk.backends.trtllm.server"}),
-    frozenset({"grpo_sdk.backends.vllm.async_engine", "grpo_sdk.backends.vllm.generation"}),
-}
-
-
 def test_no_cycle_between_modules_of_one_package():
     """A module that imports a sibling which imports it back (even lazily, inside a function) is
     two modules that cannot be read, tested or moved apart: the shared piece belongs in one of
     them, or in a third that both import."""
     edges = module_edges()
-    found = [cycle for cycle in cycles(edges) if frozenset(cycle) not in KNOWN_MODULE_CYCLES]
+    found = cycles(edges)
     detail = []
     for cycle in found:
         detail.append(" -> ".join(cycle))
@@ -177,7 +168,7 @@ def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
 
 
 BUILT_IN_PLUGIN_PACKAGES = ("backends", "estimators", "environments", "weight_sync", "loggers")
-PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "tools")  # documented in docs/plugins.md and docs/compatibility.md
+PUBLIC_PLUGIN_SUBMODULES = ("toolkit", "tensors", "training", "tools")  # documented in docs/plugins.md, compatibility.md
 
 
 def test_built_in_components_import_only_the_public_plugin_api():
@@ -197,6 +188,46 @@ def test_built_in_components_import_only_the_public_plugin_api():
                          f"{', '.join('grpo_sdk.plugins.' + m for m in PUBLIC_PLUGIN_SUBMODULES)}); they import:\n"
                          + "\n".join(outside))
 
+
+def test_no_backend_imports_another_backend():
+    """Each built-in backend (``grpo_sdk.backends.<name>``) stands alone, as a third-party one would:
+    what two of them share (the optimizer, the training loop, data-parallel helpers, colocation,
+    sampling) is public in ``grpo_sdk.plugins``' submodules, never imported from the other backend.
+    Lazy imports count too, and so does a module directly under ``backends`` (no shared private home)."""
+    outside = []
+    for path in sorted((SRC / "backends").rglob("*.py")):
+        parts = path.relative_to(SRC / "backends").parts
+        own = parts[0] if len(parts) > 1 else None
+        for line, target in imports_of(path):
+            names = target.split(".")
+            # ``from grpo_sdk.backends import hf`` names the package only: a sibling all the same.
+            if names[:2] == ["grpo_sdk", "backends"] and (len(names) == 2 or names[2] != own):
+                outside.append(f"{path.relative_to(SRC)}:{line} -> {target}")
+    assert not outside, "a backend imports another backend (make the shared piece public in grpo_sdk.plugins):\n" \
+        + "\n".join(outside)
+
+
+# Modules outside grpo_sdk.backends that still name a built-in backend, and why.
+NAMES_A_BACKEND = {
+    "cli/memory_plan.py": "whether hf generation shares the hf policy's model (backends.hf.config, light)",
+}
+
+
+def test_only_the_backends_name_a_backend():
+    """The trainer, runtimes and commands reach a backend through the registry and the protocols
+    (``grpoctl export`` merges LoRA adapters through the policy class's ``ExportsMergedModel``), never by
+    importing ``grpo_sdk.backends``; the few exceptions are listed, each with its reason."""
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        where = str(path.relative_to(SRC))
+        if where.startswith("backends/"):
+            continue
+        for line, target in imports_of(path):
+            if target == "grpo_sdk.backends" or target.startswith("grpo_sdk.backends."):
+                found.setdefault(where, []).append(f"{where}:{line} -> {target}")
+    unlisted = [line for where, lines in found.items() if where not in NAMES_A_BACKEND for line in lines]
+    assert not unlisted, "modules outside grpo_sdk.backends import a backend:\n" + "\n".join(unlisted)
+    assert sorted(found) == sorted(NAMES_A_BACKEND), "NAMES_A_BACKEND lists a module that no longer names one"
 
 
 def test_the_kinds_table_is_the_only_list_of_kinds():

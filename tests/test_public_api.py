@@ -48,6 +48,7 @@ PUBLIC_NAMES = [
     "EnvironmentReturn",
     "EnvironmentStepError",
     "ExitCode",
+    "ExportsMergedModel",
     "Generation",
     "GenerationInput",
     "GenerationOutput",
@@ -100,6 +101,7 @@ PROTOCOLS = {
     "DeclaresTools": {"tool_schemas": "(self)"},
     "RunsAgents": {"run_agents": "(self, tasks)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
+    "ExportsMergedModel": {"export_merged": "(self, policy_dir, out)"},
     "Generation": {
         "finish_generation": "(self)",
         "generate": "(self, prompts, sampling)",

@@ -24,6 +24,7 @@ from grpo_sdk.core.optional_protocols import (  # noqa: F401 - re-exported
     AsyncGeneration,
     Checkpointable,
     DeclaresRewardComponents,
+    ExportsMergedModel,
     PausesForRefit,
     PromptSampler,
     ReceivesBroadcast,

@@ -35,6 +35,10 @@ neither torch nor transformers nor ray; the functions that need them import them
   components whose caller may already run a loop, as in Jupyter).
 * User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
   among installed packages first, then in the current directory, for that import only).
+* Colocation: ``publish_policy(context, policy)`` / ``published_policy(context)`` /
+  ``forget_policy(context)``: a generation backend that can sample with its policy's own model (both
+  in one process, ``cluster.runtime=local``) finds the policy the runtime built first with the same
+  ``RunContext``, instead of loading a second copy (weakly held; the first policy published wins).
 * The machine: ``pick_device`` (``cluster.device`` -> ``"cpu"``/``"cuda"``), ``node_ip`` (this
   node's address), ``free_port``, and, for weight-sync transports running code in Ray workers
   (``grpo_sdk.plugins.WorkerGroup``), ``tcp_store`` (a ``TCPStore`` served on the node's
@@ -57,6 +61,7 @@ from typing import Any
 
 from grpo_sdk.config.schema import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
 from grpo_sdk.config.checks.model import model_facts
+from grpo_sdk.core.colocation import forget_policy, publish_policy, published_policy
 from grpo_sdk.core.engines import HTTPClient, require_engine
 from grpo_sdk.core.process_groups import host_store, join_process_group, leave_process_group
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
@@ -110,6 +115,7 @@ __all__ = [
     "background_event_loop",
     "check_model_source",
     "dump_config",
+    "forget_policy",
     "free_port",
     "host_store",
     "fsync_dir",
@@ -123,6 +129,8 @@ __all__ = [
     "non_negative",
     "pick_device",
     "positive",
+    "publish_policy",
+    "published_policy",
     "require_engine",
     "store_address_op",
     "sum_micro_batches",

@@ -29,7 +29,6 @@ import weakref
 import torch
 
 from grpo_sdk.backends.hf.forward import sequence_logprobs
-from grpo_sdk.plugins import TrainBatch
 
 ALGORITHMS = ("first_fit_decreasing",)
 
@@ -79,13 +78,6 @@ def plan(lengths: list[int], budget: int, round_to: int, *, pack: bool, key: str
                 bins.append([i])
                 width = round_up(max(1, lengths[i]), round_to)
     return [sorted(b) for b in bins]
-
-
-def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
-    """The ``rows`` of every tensor of ``batch`` (a view when they are contiguous)."""
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return batch.rows(rows[0], rows[0] + len(rows))
-    return batch.select(rows)
 
 
 def padding_free_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_mask: torch.Tensor, *,

@@ -35,7 +35,7 @@ class OptimizerConfig:
     moments_dtype: Literal["float32", "bfloat16"] = option(
         "float32", "dtype AdamW keeps its two moments in. bfloat16 halves the optimizer state (134.5M parameters: "
         "1.0 GiB -> 513 MiB); the update is computed in float32 and each moment rounded back stochastically, so "
-        "small updates are not lost (backends/hf/optimizer.py). hf policy, one rank (no FSDP2); costs ~12 ms per "
+        "small updates are not lost (algorithms/optimizer.py). hf policy, one rank (no FSDP2); costs ~12 ms per "
         "million parameters a step on one CPU core (torch's fused AdamW: ~1 ms).")
 
 
