@@ -259,7 +259,7 @@ class BareGRPO:
                  reward: Callable[[str], float], stop_at_eos: bool = False):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from grpo_sdk.trainer.rollout import left_pad
+        from grpo_sdk.rollouts.episodes import left_pad
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         self.tokenizer = tok = AutoTokenizer.from_pretrained(model_dir)

@@ -24,7 +24,7 @@ import attrs
 
 
 def play(trainer, environment, prompts, sampling):
-    from grpo_sdk.trainer.rollout import collect_rollouts
+    from grpo_sdk.rollouts.rollout import collect_rollouts
 
     parts = trainer.components
     batch, _ = collect_rollouts(prompts=prompts, tokenizer=parts.tokenizer, generation=parts.generation,
@@ -55,8 +55,8 @@ def main() -> int:
     from grpo_sdk.environments.calculator import CalculatorEnvironment
     from grpo_sdk.plugins.registry import Registry
     from grpo_sdk.plugins.tools import Tool
-    from grpo_sdk.trainer.data import PromptBuilder
-    from grpo_sdk.trainer.prompt_sources import EnvironmentPrompts
+    from grpo_sdk.data.prompts import PromptBuilder
+    from grpo_sdk.data.prompt_sources import EnvironmentPrompts
     from grpo_sdk.trainer.trainer import GRPOTrainer
 
     torch.set_num_threads(1)

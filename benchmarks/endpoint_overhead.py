@@ -5,10 +5,10 @@ generations = 128 rollouts of up to 3 turns of at most 2 new tokens, on the buil
 (a 2-layer GPT-2, d_model 64, random init, fp32, one torch thread). Contenders:
 
 * ``(a) in-process``: ``collect_rollouts`` with the calculator environment: the trainer plays the
-  turns itself (``trainer.episodes.run_episodes``: one ``generate`` call per turn for every
+  turns itself (``rollouts.episodes.run_episodes``: one ``generate`` call per turn for every
   rollout still going);
 * ``(b) endpoint, urllib``: ``collect_rollouts`` with the agent harness (``env.name=agent``:
-  ``trainer.agent_rollouts.play_agents``), 128 agent threads (``max_concurrency=128``, as
+  ``rollouts.agent_rollouts.play_agents``), 128 agent threads (``max_concurrency=128``, as
   examples/agents/calculator-agent.yaml), each playing the example agent's loop with the standard
   library's ``urllib.request`` (a new connection per request);
 * ``(c) endpoint, openai``: the same with the example agent itself,
@@ -177,13 +177,13 @@ class Bench:
         from grpo_sdk.core.records import SamplingParams
         from grpo_sdk.environments.agent_harness import AgentHarness
         from grpo_sdk.environments.calculator import CalculatorEnvironment
-        from grpo_sdk.environments.reward_functions import reference_for
+        from grpo_sdk.environments.callables import reference_for
         from grpo_sdk.environments.specs import AgentHarnessConfig
         from grpo_sdk.plugins.registry import Registry
         from grpo_sdk.recipes.tiny_model import build_tiny_gpt2
         from grpo_sdk.serving.endpoint import Endpoint, EndpointSettings
-        from grpo_sdk.trainer.data import PromptBuilder
-        from grpo_sdk.trainer.prompt_sources import EnvironmentPrompts
+        from grpo_sdk.data.prompts import PromptBuilder
+        from grpo_sdk.data.prompt_sources import EnvironmentPrompts
 
         model = build_tiny_gpt2(work / "model", seed=0)
         registry = Registry.discover()
@@ -215,7 +215,7 @@ class Bench:
     def run(self, contender: str, prompts) -> dict[str, float]:
         """One step; its wall time, turns, generate calls and seconds inside generate."""
         from grpo_sdk.core.records import Message
-        from grpo_sdk.trainer.rollout import collect_rollouts
+        from grpo_sdk.rollouts.rollout import collect_rollouts
 
         kind, per_rollout = CONTENDERS[contender]
         self.counter.reset()
@@ -266,7 +266,7 @@ class Bench:
         return requests
 
     def close(self) -> None:
-        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+        from grpo_sdk.rollouts.agent_rollouts import close_endpoints
 
         close_endpoints()
 

@@ -63,7 +63,7 @@ def _reward_overrides(reward_funcs: Sequence[RewardFunction | str] | None) -> li
     """``reward_funcs`` as config: the reward_functions environment, scoring with these functions."""
     if not reward_funcs:
         return []
-    from grpo_sdk.environments.reward_functions import reference_for
+    from grpo_sdk.environments.callables import reference_for
 
     refs = [fn if isinstance(fn, str) else reference_for(fn) for fn in reward_funcs]
     quoted = ", ".join('"' + ref.replace("\\", "\\\\").replace('"', '\\"') + '"' for ref in refs)

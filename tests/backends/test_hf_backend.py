@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from grpo_sdk.backends.hf.generation import HFGeneration
-from grpo_sdk.backends.hf.policy import HFPolicy, lr_lambda
+from grpo_sdk.backends.hf.policy import HFPolicy
+from grpo_sdk.plugins.training import lr_lambda
 from grpo_sdk.config.loading import load_config
 from grpo_sdk.config.context import RunContext
 from grpo_sdk.core.records import SamplingParams, TrainBatch
@@ -152,7 +153,7 @@ def test_missing_model_directory_is_a_clear_error(tmp_path, registry, tiny_model
 
 
 def test_sample_categorical_draws_from_the_distribution():
-    from grpo_sdk.backends.hf.generation import sample_categorical
+    from grpo_sdk.algorithms.sampling import sample_categorical
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(40000, 1)
     draws = sample_categorical(probs, torch.Generator().manual_seed(0))

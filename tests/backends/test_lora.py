@@ -468,3 +468,45 @@ def test_two_lora_ranks_train_as_one_process(runs, name):
     files = sorted(p.name for p in (root / f"{name}-ckpt-dp").iterdir())
     assert files == sorted(p.name for p in (root / f"{name}-ckpt-single").iterdir())
     assert "model.safetensors" not in files and "adapter_model.safetensors" in files
+
+
+class MergingPolicy:
+    """A third-party policy class that merges its own adapters (``ExportsMergedModel``)."""
+
+    calls: list = []
+
+    @staticmethod
+    def export_merged(policy_dir: str, out: str) -> None:
+        MergingPolicy.calls.append((policy_dir, out))
+        Path(out).mkdir()
+
+
+class AdapterOnlyPolicy:
+    """A policy class with adapter checkpoints and no way to merge them."""
+
+
+@pytest.mark.parametrize("impl", ["MergingPolicy", "AdapterOnlyPolicy"])
+def test_export_merges_through_the_runs_own_policy_class(tmp_path, impl):
+    """`grpoctl export --lora merged` asks the class of the run's policy.backend (found in the registry,
+    no policy built) to merge; a class that cannot is a config error naming --lora adapter."""
+    from grpo_sdk.core.protocols import ExportsMergedModel
+    from grpo_sdk.backends.hf.policy import HFPolicy
+    from grpo_sdk.plugins import ComponentInfo, ComponentSpec
+    from grpo_sdk.plugins.registry import Registry
+    from grpo_sdk.trainer.checkpoint import export_policy
+
+    assert isinstance(HFPolicy, ExportsMergedModel)  # asked of the class: export builds no policy
+    spec = ComponentSpec(name="acme", kind="policy", impl=f"test_lora:{impl}")
+    registry = Registry([ComponentInfo(kind="policy", name="acme", status="ok", spec=spec)])
+    (tmp_path / "config.resolved.yaml").write_text("policy:\n  backend: acme\n")
+    policy = tmp_path / "checkpoints" / "step_2" / "policy"
+    policy.mkdir(parents=True)
+    (policy / "adapter_config.json").write_text("{}")
+    MergingPolicy.calls.clear()
+    if impl == "MergingPolicy":
+        assert export_policy(tmp_path, tmp_path / "out", registry=registry) == policy
+        assert MergingPolicy.calls == [(str(policy), str(tmp_path / "out"))]
+    else:
+        with pytest.raises(ConfigError, match="cannot merge its adapters.*--lora adapter"):
+            export_policy(tmp_path, tmp_path / "out", registry=registry)
+        assert not (tmp_path / "out").exists()

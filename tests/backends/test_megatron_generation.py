@@ -223,11 +223,11 @@ def test_colocated_generation_runs_on_the_policy_tensors(megatron_world, model_d
     context = _context(model_dir, registry, run_dir=str(tmp_path))  # colocated.enabled (default), runtime local
     assert colocated.shares_policy_model(context.config)
     policy = MegatronPolicy(None, context)
-    colocated.publish(context, policy)  # what the policy does when it is built
+    colocated.publish_policy(context, policy)  # what the policy does when it is built
     try:
         gen = MegatronGeneration(None, context)
     finally:
-        colocated.forget(context)
+        colocated.forget_policy(context)
     assert gen.shares_policy_model and gen.model is policy.model
     policy_ptrs = {n: p.data_ptr() for n, p in policy.model.named_parameters()}
     assert policy_ptrs and {n: p.data_ptr() for n, p in gen.model.named_parameters()} == policy_ptrs
@@ -305,11 +305,11 @@ def test_colocated_in_a_run_the_loop_refits_without_conversion(megatron_world, t
 
     def publishing_init(self, config, context):
         policy_init(self, config, context)
-        colocated.publish(context, self)
+        colocated.publish_policy(context, self)
 
     def recording_init(self, config, context, **kw):
         generation_init(self, config, context, **kw)
-        built.append((self.shares_policy_model, self.model is colocated.lookup(context).model))
+        built.append((self.shares_policy_model, self.model is colocated.published_policy(context).model))
 
     def counted_export(self):
         exports.append(1)

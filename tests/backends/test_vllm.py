@@ -157,8 +157,8 @@ def test_multi_turn_episodes_are_trained_on_the_tokens_vllm_saw(registry, model_
     import torch
 
     from grpo_sdk.core.records import EnvironmentReturn, Message, SamplingParams
-    from grpo_sdk.trainer.episodes import Episode, run_episodes
-    from grpo_sdk.trainer.rollout import batch_of
+    from grpo_sdk.rollouts.episodes import Episode, run_episodes
+    from grpo_sdk.rollouts.rollout import batch_of
 
     class ThreeTurns:
         def step(self, message_logs, metadata):

@@ -25,7 +25,7 @@ from grpo_sdk.config.loading import load_config
 from helpers import bare_trainer, config_problems, train
 from grpo_sdk.runtime.deadlines import WorkerError
 from grpo_sdk.weight_sync import collective, cuda_ipc
-from grpo_sdk.weight_sync.collective import describe, plan_buckets, unpack
+from grpo_sdk.weight_sync.buckets import ALIGN, check_entry, describe, pack_into, plan_buckets, unpack
 
 SHORT = ["grpo.max_num_steps=3", "grpo.val_period=0", "grpo.val_at_end=false", "checkpointing.enabled=false"]
 RAY = ["cluster.runtime=ray"]
@@ -56,7 +56,7 @@ def test_buckets_keep_order_align_offsets_and_respect_the_size():
     buckets = plan_buckets(specs, 256)
     assert [e.name for b in buckets for e in b.entries] == [name for name, _, _ in specs]
     for bucket in buckets:
-        assert all(e.offset % collective.ALIGN == 0 for e in bucket.entries)
+        assert all(e.offset % ALIGN == 0 for e in bucket.entries)
         assert bucket.nbytes == bucket.entries[-1].offset + bucket.entries[-1].nbytes
         assert bucket.nbytes <= 256 or len(bucket.entries) == 1  # only a tensor larger than a bucket goes alone
         assert all(a.offset + a.nbytes <= b.offset for a, b in zip(bucket.entries, bucket.entries[1:]))
@@ -72,15 +72,15 @@ def test_a_bucket_packs_and_unpacks_every_dtype_exactly():
     (bucket,) = plan_buckets(describe(items), 1 << 20)
     buffer = torch.empty(bucket.nbytes, dtype=torch.uint8)
     for entry, (name, tensor) in zip(bucket.entries, items):
-        assert collective.check_entry(entry, name, tensor) is None
-        collective.pack_into(buffer, entry, tensor)
+        assert check_entry(entry, name, tensor) is None
+        pack_into(buffer, entry, tensor)
     out = list(unpack(bucket, buffer))
     assert [name for name, _ in out] == [name for name, _ in items]
     for (_, got), (_, want) in zip(out, items):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
     entry = bucket.entries[0]
-    assert "the plan has (7, 5)" in collective.check_entry(entry, "embed", torch.zeros(5, 7))
-    assert "expected 'embed', got 'other'" in collective.check_entry(entry, "other", torch.zeros(7, 5))
+    assert "the plan has (7, 5)" in check_entry(entry, "embed", torch.zeros(5, 7))
+    assert "expected 'embed', got 'other'" in check_entry(entry, "other", torch.zeros(7, 5))
 
 
 def test_the_broadcast_backend_follows_devices_and_placement():

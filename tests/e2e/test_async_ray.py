@@ -41,7 +41,7 @@ def process_gone(pid: int, within: float = 30.0) -> bool:
 def test_the_collector_is_an_actor_and_gives_the_in_process_results(tmp_path):
     """Deterministic A=1: the same seed trains the same steps in-process (a collector thread) and on
     Ray (a collector actor calling the generation and environment actors itself)."""
-    from grpo_sdk.trainer.collector_worker import RemoteCollector
+    from grpo_sdk.rollouts.collector_worker import RemoteCollector
 
     validated = ["grpo.val_period=2", "grpo.max_val_samples=16"]  # validation pauses the collector actor
     local = train(bare_trainer(tmp_path, "local", *SHORT, *ASYNC, *validated))

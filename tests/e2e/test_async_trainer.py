@@ -2,7 +2,7 @@
 deterministic schedule. A=0 is the synchronous loop exactly; A=1 and A=2 learn the built-in recipe;
 each step trains the groups its schedule says (versions in the age window); kill -9 and resume give
 the uninterrupted run bit for bit; a resume that cannot restore the buffer regenerates from the
-data cut (nothing skipped, no hang: the case the seed's `_startup_pipeline_ready` barrier guards);
+data cut (nothing skipped, no hang: the case NeMo-RL's `_startup_pipeline_ready` barrier guards);
 startup failures leave no collector thread; epochs, validation and early stop work as in sync.
 Real components throughout: the built-in task and model, `grpoctl run` in a subprocess."""
 
@@ -108,7 +108,7 @@ def test_kill_9_at_random_points_and_resume_is_exact(tmp_path, a):
 
 
 def test_a_damaged_pipeline_regenerates_from_the_cut_and_trains_every_prompt(tmp_path):
-    """The seed's resume deadlock: a restored buffer holds step s+1 complete and nothing of step s+2.
+    """NeMo-RL's resume deadlock: a restored buffer holds step s+1 complete and nothing of step s+2.
     Here the resume sees the pipeline is not the saved one, rewinds the data to the cut and
     regenerates: the run finishes (no hang) and trains the same prompts, in the same order, as the
     uninterrupted run. The same holds with checkpointing.load_replay_buffer=false."""
@@ -125,7 +125,7 @@ def test_a_damaged_pipeline_regenerates_from_the_cut_and_trains_every_prompt(tmp
     assert sorted({g["target_step"] for g in document["groups"]}) == [2, 3]  # 0-based targets s, s+1
     document["groups"] = [g for g in document["groups"] if g["target_step"] == 2]
     (checkpoint / "async" / "buffer.json").write_text(json.dumps(document))
-    write_manifest(checkpoint)  # a consistent checkpoint whose pipeline is short, as after the seed's race
+    write_manifest(checkpoint)  # a consistent checkpoint whose pipeline is short, as after NeMo-RL's race
 
     damaged = run_ok(tmp_path / "damaged", "--resume", "run", "grpo.max_num_steps=6")
     assert "regenerating them from the data frontier of step 3" in damaged.stderr

@@ -9,7 +9,7 @@ import torch
 from grpo_sdk.algorithms.rewards import trivial_groups
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.records import EnvironmentReturn, Message
-from grpo_sdk.trainer.rollout import RolloutBatch
+from grpo_sdk.rollouts.rollout import RolloutBatch
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, hookimpl
 from helpers import trainer_for
@@ -17,7 +17,7 @@ from helpers import trainer_for
 
 def rollouts(prompts, responses, group_offset=0, pad=0):
     """A RolloutBatch from token lists: prompts left-padded, responses right-padded."""
-    from grpo_sdk.trainer.rollout import left_pad
+    from grpo_sdk.rollouts.episodes import left_pad
 
     prompt_ids, prompt_mask = left_pad(prompts, pad)
     width = max(len(r) for r in responses)

@@ -25,7 +25,7 @@ import pytest
 from helpers import grpoctl_env, run_grpoctl
 from faults.campaign import final_weights, metrics_of
 from grpo_sdk.core.errors import DataError, ModelLoadError
-from grpo_sdk.trainer.hub_data import DataSource, source_rows
+from grpo_sdk.data.hub import DataSource, source_rows
 
 FAST = 20.0  # seconds: the probe's 5 s plus starting Python and importing datasets on a loaded machine
 
@@ -102,7 +102,7 @@ def test_a_name_that_is_neither_a_hub_id_nor_a_directory(tmp_path):
 def test_columns_and_max_rows_apply_to_local_files_too(tmp_path):
     from grpo_sdk.config.loading import load_config
     from grpo_sdk.plugins.registry import Registry
-    from grpo_sdk.trainer.prompt_sources import make_prompt_source
+    from grpo_sdk.data.prompt_sources import make_prompt_source
 
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"q": digits(i, 5) + ">", "a": digits(i, 5)[::-1]}) + "\n" for i in range(30)))
@@ -162,7 +162,7 @@ def online_env(tmp_path: Path, endpoint: str | None) -> dict[str, str]:
 
 LOAD_BOTH = """
 import time
-from grpo_sdk.trainer.hub_data import DataSource, source_rows
+from grpo_sdk.data.hub import DataSource, source_rows
 from grpo_sdk.core.models import load_tokenizer
 for load in (lambda: source_rows(DataSource(path="hf:openai/gsm8k", key="data.train_path", subset="main")),
              lambda: load_tokenizer("Qwen/Qwen2.5-0.5B", key="policy.model_name")):

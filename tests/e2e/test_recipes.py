@@ -63,7 +63,7 @@ def test_recipe_data_paths_exist_and_templates_format(recipe):
 
 def test_gsm8k_sample_loads_and_its_solutions_score_correct(monkeypatch):
     from grpo_sdk.config.loading import load_config
-    from grpo_sdk.trainer.prompt_sources import make_prompt_source
+    from grpo_sdk.data.prompt_sources import make_prompt_source
     from grpo_sdk.core.records import Message
     from grpo_sdk.environments.math_env import MathEnvironment
     from grpo_sdk.environments.specs import MathEnvConfig

@@ -44,8 +44,8 @@ class NaNEstimator:
     def __init__(self, config, context):
         pass
 
-    def compute_advantages(self, rewards, group_ids, mask, **extras):
-        return torch.full(mask.shape, math.nan)
+    def compute_advantages(self, batch):
+        return torch.full(batch.mask.shape, math.nan)
 
 
 class Components:

@@ -107,7 +107,7 @@ def test_variant_trains_without_nan(name, registry, tmp_path, tiny_model_dir, te
 
 
 def test_opd_advantages_are_teacher_minus_student_logprobs(registry, tmp_path, tiny_model_dir, teacher_dir):
-    """The synchronous loop feeds the teacher's logprobs to the opd estimator (the seed only did in async)."""
+    """The synchronous loop feeds the teacher's logprobs to the opd estimator (NeMo-RL only did in async)."""
     trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "grpo.num_prompts_per_step=2",
                             "grpo.num_generations_per_prompt=2", "grpo.adv_estimator.name=opd",
                             f"on_policy_distillation.teacher_model={teacher_dir}")

@@ -208,13 +208,13 @@ class _Tok:
 
 
 def _episode():
-    from grpo_sdk.trainer.episodes import Episode
+    from grpo_sdk.rollouts.episodes import Episode
 
     return Episode(prompt_ids=[1, 2], log=[], metadata={"k": 1}, source="row 1", chat=False)
 
 
 def test_an_episode_is_its_sessions_tokens_with_the_loss_on_generated_ones():
-    from grpo_sdk.trainer.agent_rollouts import _fill
+    from grpo_sdk.rollouts.agent_rollouts import _fill
 
     turns = [Turn(prompt_ids=(1, 5, 6), generation_ids=(7, 8), logprobs=(-0.1, -0.2), versions=(3, 3),
                   finish_reason="length", text="gh"),
@@ -233,7 +233,7 @@ def test_an_episode_is_its_sessions_tokens_with_the_loss_on_generated_ones():
 
 
 def test_a_session_that_is_not_one_conversation_fails_the_rollout():
-    from grpo_sdk.trainer.agent_rollouts import _fill
+    from grpo_sdk.rollouts.agent_rollouts import _fill
 
     turns = [Turn(prompt_ids=(1, 5), generation_ids=(7,), logprobs=(-0.1,), versions=(0,), finish_reason="stop"),
              Turn(prompt_ids=(1, 6), generation_ids=(8,), logprobs=(-0.1,), versions=(0,), finish_reason="stop")]

@@ -91,7 +91,7 @@ def test_missing_or_empty_gold_answer_is_a_clear_error(env):
 
 def test_the_loop_names_the_sample_with_bad_metadata(env):
     from grpo_sdk.core.errors import EnvironmentStepError
-    from grpo_sdk.trainer.environment_step import step_environment
+    from grpo_sdk.rollouts.environment_step import step_environment
 
     logs, meta = [log(r"\boxed{1}"), log(r"\boxed{2}")], [{"answer": "1"}, {"final": "2"}]
     with pytest.raises(EnvironmentStepError, match=r"'math' failed on sample 1 \(data.jsonl line 2, .*no 'answer' key"):

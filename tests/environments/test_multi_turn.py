@@ -20,9 +20,9 @@ from helpers import assert_same_group, small_trainer
 from grpo_sdk.core.errors import EnvironmentStepError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, Message, hookimpl
-from grpo_sdk.trainer.collector import split_groups
-from grpo_sdk.trainer.episodes import response_messages
-from grpo_sdk.trainer.replay_buffer import ReplayBuffer
+from grpo_sdk.rollouts.collector import split_groups
+from grpo_sdk.rollouts.episodes import response_messages
+from grpo_sdk.rollouts.replay_buffer import ReplayBuffer
 
 TURNS = 4  # the test environment ends an episode after this many assistant turns
 
@@ -223,13 +223,13 @@ def test_flagged_turns_take_the_configured_advantage(registry, tmp_path, tiny_mo
 
 
 def test_override_covers_exactly_the_flagged_turns_tokens(registry, tmp_path, tiny_model_dir):
-    from grpo_sdk.trainer.episodes import override_turn_advantages
+    from grpo_sdk.rollouts.episodes import override_turn_advantages
 
     trainer = multi_turn_trainer(registry, tmp_path, tiny_model_dir)
     batch, _ = trainer.collect_rollouts()
     advantages = torch.ones(batch.batch_size, 1).expand(-1, batch.prompt_ids.shape[1] + batch.response_ids.shape[1])
     grpo = attrs.evolve(trainer.config.grpo, invalid_tool_call_advantage=-5.0)
-    out, _ = override_turn_advantages(advantages, batch, grpo)
+    out, _ = override_turn_advantages(advantages, batch.to_train_batch(batch.reward_valid.float()), grpo)
     assert advantages.eq(1).all()  # the estimator's (broadcast) tensor is not written into
     for i, log in enumerate(batch.message_logs):
         column = batch.prompt_ids.shape[1]
@@ -302,7 +302,7 @@ def test_a_template_that_cannot_render_the_environments_turn_is_named(tiny_model
     from transformers import AutoTokenizer
 
     from grpo_sdk.core.errors import GrpoSdkError
-    from grpo_sdk.trainer.episodes import EnvironmentTurns
+    from grpo_sdk.rollouts.episodes import EnvironmentTurns
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
@@ -316,3 +316,35 @@ def test_a_template_that_cannot_render_the_environments_turn_is_named(tiny_model
     tokenizer.chat_template = "{% for m in messages|reverse %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(GrpoSdkError, match="rewrites earlier turns"):
         EnvironmentTurns(tokenizer).encode([([Message(role="user", content="1")], None, True)])
+
+
+def test_a_single_turn_batch_takes_the_generations_tensors_as_the_lists_would_build_them(
+        registry, tmp_path, tiny_model_dir):
+    """Single-turn, ``batch_of`` takes the response rows straight from the GenerationOutput; built
+    from the episodes' token lists instead, every tensor is the same."""
+    from grpo_sdk.rollouts import rollout
+
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "grpo.max_rollout_turns=1")
+    parts, seen = trainer.components, {}
+    batch_of = rollout.batch_of
+
+    def both(episodes, names, pad, groups):
+        assert all(e.sampled is not None for e in episodes)
+        seen["tensors"] = batch_of(episodes, names, pad, groups)
+        for e in episodes:
+            e.sampled = None
+        seen["lists"] = batch_of(episodes, names, pad, groups)
+        return seen["tensors"]
+
+    rollout.batch_of = both
+    try:
+        trainer.collect_rollouts()
+    finally:
+        rollout.batch_of = batch_of
+    tensors, lists = seen["tensors"], seen["lists"]
+    for name in ("response_ids", "response_lengths", "generation_logprobs", "truncated", "reward_valid"):
+        assert torch.equal(getattr(tensors, name), getattr(lists, name)), name
+    assert tensors.generation_logprobs.dtype == torch.float32 and tensors.generated_mask is None
+    assert tensors.weight_version == lists.weight_version and tensors.token_weight_versions is None
+    assert bool((tensors.response_lengths < tensors.response_ids.shape[1]).any())  # padding was compared too
+    trainer.shutdown()

@@ -117,7 +117,7 @@ def test_aggregate_request_is_stripped_as_nemo_gyms_rollout_collection_strips_it
 
 def test_handed_back_turns_take_the_endpoints_flags_for_the_same_tokens():
     from grpo_sdk.serving.sessions import Turn
-    from grpo_sdk.trainer.agent_rollouts import _turns
+    from grpo_sdk.rollouts.agent_rollouts import _turns
 
     seen = Turn(prompt_ids=(1, 2), generation_ids=(3, 4), logprobs=(-0.5, -0.25), versions=(7, 7),
                 finish_reason="length", text="ab", flags=("invalid_tool_call",))
@@ -371,7 +371,7 @@ def test_a_resources_server_nemo_gym_ships_runs_by_name(tmp_path):
 def test_a_native_nemo_gym_row_needs_no_prompt_key(tmp_path):
     """NeMo-Gym's JSONL rows have no prompt column: the prompt is the last user message of
     responses_create_params.input (NeMo-RL's rule), and the row reaches /run as written."""
-    from grpo_sdk.trainer.data import PromptBuilder, load_prompts
+    from grpo_sdk.data.prompts import PromptBuilder, load_prompts
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"responses_create_params": {"input": [

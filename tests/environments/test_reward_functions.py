@@ -16,6 +16,7 @@ import threading
 import time
 import types
 
+import attrs
 import pytest
 import torch
 
@@ -23,11 +24,12 @@ from helpers import config_problems, run_grpoctl, small_trainer
 from grpo_sdk.config.loading import load_config, to_yaml
 from grpo_sdk.core.errors import ConfigError, EnvironmentStepError, PluginError
 from grpo_sdk.core.records import EnvironmentReturn, Message
+from grpo_sdk.environments import callables
 from grpo_sdk.environments import reward_functions as RF
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment, correct_positions
 from grpo_sdk.environments.specs import ReverseDigitsConfig, RewardFunctionsConfig
-from grpo_sdk.trainer.environment_step import step_environment
-from grpo_sdk.trainer.rollout import example_of
+from grpo_sdk.rollouts.environment_step import step_environment
+from grpo_sdk.rollouts.rollout import example_of
 
 ENV = ["env.name=reward_functions", "grpo.val_at_end=false", "grpo.val_period=0"]
 
@@ -69,7 +71,7 @@ def plain_log(prompt: str, response: str) -> list[Message]:
 
 
 def env_of(*functions, weights=None) -> RF.RewardFunctionsEnvironment:
-    config = RewardFunctionsConfig(functions=[RF.reference_for(f) for f in functions], weights=weights)
+    config = RewardFunctionsConfig(functions=[callables.reference_for(f) for f in functions], weights=weights)
     return RF.RewardFunctionsEnvironment(config, None)
 
 
@@ -170,7 +172,7 @@ def test_an_entry_that_cannot_be_used_is_named(modules, source, entry, error, me
 def test_the_current_directory_comes_after_installed_packages(modules):
     modules("json", "def loads(text): return 'the local json.py'\n")
     modules("my_scores", "def score(completions): return [1.0] * len(completions)\n")
-    assert RF.resolve("json:loads", "key") is json.loads  # the standard library's, not ./json.py
+    assert callables.resolve("json:loads", "key") is json.loads  # the standard library's, not ./json.py
     env = RF.RewardFunctionsEnvironment(RewardFunctionsConfig(functions=["my_scores:score"]), None)
     assert env.step([plain_log("1>", "1")], [{}]).rewards["score"] == [1.0]
     assert str(__import__("os").getcwd()) not in sys.path  # only for the import
@@ -348,10 +350,10 @@ def test_samples_without_reward_leave_the_loss_and_are_counted(registry, tmp_pat
     trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *ENV, f"data.train_path={data}",
                             "env.reward_functions.functions=[test_reward_functions:even_only]", "data.shuffle=false",
                             "grpo.num_generations_per_prompt=2")
-    metrics, rollouts = trainer.train_step()
-    # rows 0..3, two samples each: n = 1 and 3 have no reward
-    assert rollouts.reward_missing.tolist() == [False, False, True, True] * 2
-    assert rollouts.reward_valid.tolist() == [True, True, False, False] * 2
+    metrics, batch = trainer.train_step()
+    # rows 0..3, two samples each: n = 1 and 3 have no reward, and leave the loss
+    assert batch.reward_valid.tolist() == [True, True, False, False] * 2
+    assert batch.sample_mask.tolist() == [1.0, 1.0, 0.0, 0.0] * 2
     assert metrics["reward/num_no_reward"] == 4 and metrics["reward/num_failed"] == 0
     assert metrics["reward/mean"] == 1.0 and metrics["env/none_fraction/even_only"] == 0.5
     assert math.isfinite(metrics["loss"])
@@ -402,23 +404,23 @@ def test_a_stuck_function_stops_the_run_at_the_call_deadline(registry, tmp_path,
 
 
 def test_a_module_function_is_referenced_by_name():
-    assert RF.reference_for(exact) == "test_reward_functions:exact"
+    assert callables.reference_for(exact) == "test_reward_functions:exact"
 
 
 def test_a_script_or_notebook_function_is_referenced_in_main(monkeypatch):
     main = types.ModuleType("__main__")
     exec("def my_reward(completions):\n    return [1.0] * len(completions)\n", main.__dict__)
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert RF.reference_for(main.my_reward) == "__main__:my_reward"
+    assert callables.reference_for(main.my_reward) == "__main__:my_reward"
     with pytest.raises(ConfigError, match=r"'__main__:gone'.*defined in the script or notebook that started the run; "
                                           r"pass it again through the Python API"):
-        RF.resolve("__main__:gone", "env.reward_functions.functions[0]")
+        callables.resolve("__main__:gone", "env.reward_functions.functions[0]")
 
 
 def test_a_lambda_gets_a_process_local_reference_that_round_trips_through_the_config(registry, tmp_path):
     reward = lambda completions, **kw: [0.25] * len(completions)  # noqa: E731
-    reference = RF.reference_for(reward)
-    assert reference.startswith("callable:lambda#") and RF.reference_for(reward) == reference
+    reference = callables.reference_for(reward)
+    assert reference.startswith("callable:lambda#") and callables.reference_for(reward) == reference
     cfg = load_config(None, [*ENV, f"env.reward_functions.functions=['{reference}']", "data.train_path=d.jsonl"],
                       registry)
     resolved = tmp_path / "config.resolved.yaml"
@@ -460,13 +462,13 @@ def spy_on_estimator(trainer) -> dict:
     estimator, seen = trainer.components.estimator, {}
     compute = estimator.compute_advantages
 
-    def spy(rewards, group_ids, mask, **extras):
-        components = extras["reward_components"]
+    def spy(batch):
+        components = batch.reward_components
         seen["components"] = dict(components)
-        out = compute(rewards, group_ids, mask, **extras)
+        out = compute(batch)
         for name in components:
             zeroed = {**components, name: torch.zeros_like(components[name])}
-            seen[f"without {name}"] = compute(rewards, group_ids, mask, **{**extras, "reward_components": zeroed})
+            seen[f"without {name}"] = compute(attrs.evolve(batch, reward_components=zeroed))
         seen["advantages"] = out
         return out
 
@@ -490,7 +492,7 @@ def test_conversational_rows_train_and_reach_the_functions_as_messages(registry,
                             f"policy.tokenizer.name={tmp_path / 'chat_tokenizer'}", "data.shuffle=false",
                             "env.reward_functions.functions=[test_reward_functions:recorded]")
     RECORDED.clear()
-    metrics, rollouts = trainer.train_step()
+    metrics, rollouts = trainer.train_step()  # the step record, a TrainBatch
     prompts, completions, target = RECORDED[0]
     assert prompts[0] == [{"role": "system", "content": "reverse"}, {"role": "user", "content": "12345>"}]
     assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in completions)
@@ -500,7 +502,8 @@ def test_conversational_rows_train_and_reach_the_functions_as_messages(registry,
     assert log[2].token_ids and len(log[2].generation_logprobs) == len(log[2].token_ids)
     assert completions[0][0]["content"] == log[2].content
     # the model saw the chat template's rendering: <bos> then the user turn
-    first = rollouts.prompt_ids[0][rollouts.prompt_mask[0].bool()].tolist()
+    prompt = slice(0, rollouts.response_start)
+    first = rollouts.input_ids[0][prompt][rollouts.attention_mask[0][prompt].bool()].tolist()
     assert first == tokenizer("12345>", add_special_tokens=True)["input_ids"]
     rollouts.rewards = torch.zeros(rollouts.batch_size)
     assert example_of(rollouts)["prompt"] == "12345>"  # the last turn before the response

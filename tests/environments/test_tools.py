@@ -134,7 +134,7 @@ def test_prompts_render_the_environments_tools_in_the_chat_template(tiny_model_d
     from transformers import AutoTokenizer
 
     from grpo_sdk.config.schema import DataConfig
-    from grpo_sdk.trainer.data import make_builder
+    from grpo_sdk.data.prompts import make_builder
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     # A tools section of the tool names, from the character vocabulary ("add", "divide" fit a-h).

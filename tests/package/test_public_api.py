@@ -30,6 +30,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 PUBLIC_NAMES = [
     "AdvantageEstimator",
+    "AdvantageInput",
     "AgentResult",
     "AgentTask",
     "AsyncGeneration",
@@ -47,6 +48,7 @@ PUBLIC_NAMES = [
     "EnvironmentReturn",
     "EnvironmentStepError",
     "ExitCode",
+    "ExportsMergedModel",
     "Generation",
     "GenerationInput",
     "GenerationOutput",
@@ -91,7 +93,7 @@ PUBLIC_NAMES = [
 # Each protocol's methods, as (argument names): "*" starts keyword-only arguments. The optional
 # protocols (Checkpointable ... WeightFileWriter) are what the loop and runtimes check with isinstance.
 PROTOCOLS = {
-    "AdvantageEstimator": {"compute_advantages": "(self, rewards, group_ids, mask, **extras)"},
+    "AdvantageEstimator": {"compute_advantages": "(self, batch)"},
     "AsyncGeneration": {"cancel": "(self, request_ids)", "poll": "(self, timeout_s)",
                         "submit": "(self, request_id, prompts, sampling)"},
     "Checkpointable": {"load_checkpoint": "(self, path)", "save_checkpoint": "(self, path)"},
@@ -99,6 +101,7 @@ PROTOCOLS = {
     "DeclaresTools": {"tool_schemas": "(self)"},
     "RunsAgents": {"run_agents": "(self, tasks)"},
     "Environment": {"step": "(self, message_logs, metadata)"},
+    "ExportsMergedModel": {"export_merged": "(self, policy_dir, out)"},
     "Generation": {
         "finish_generation": "(self)",
         "generate": "(self, prompts, sampling)",
@@ -161,6 +164,8 @@ PROTOCOL_ATTRIBUTES = {
 
 # Each record's fields in order; "=" marks a field with a default (optional to construct).
 RECORDS = {
+    "AdvantageInput": ("rewards, group_ids, mask, reward_components=, valid_mask=, sample_mask=, generation_logprobs=, "
+                       "prev_logprobs=, reference_logprobs=, teacher_logprobs=, metadata="),
     "AgentResult": "rewards, metrics=, turns=, flags=, info=",
     "AgentTask": ("session_id, base_url, endpoint_url, api_key, model, prompt, messages, row, max_tokens, "
                   "timeout_s, group, index"),
@@ -179,7 +184,8 @@ RECORDS = {
     "SamplingParams": "max_new_tokens, temperature=, top_p=, top_k=, stop_token_ids=, seed=",
     "SyncStats": "version, num_tensors, num_bytes, seconds",
     "TrainBatch": ("input_ids, attention_mask, token_mask, sample_mask, generation_logprobs, group_ids, rewards, "
-                   "advantages=, prev_logprobs=, reference_logprobs=, extras="),
+                   "advantages=, prev_logprobs=, reference_logprobs=, extras=, teacher_logprobs=, reward_components=, "
+                   "reward_valid=, truncated=, response_start=, message_logs=, metadata="),
 }
 
 # Hook name -> the argument names of its pluggy spec (what @hookimpl functions may take).

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from grpo_sdk.weight_sync import cuda_ipc
-from grpo_sdk.weight_sync.collective import Entry
+from grpo_sdk.weight_sync.buckets import Entry
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "grpo_sdk"
 linux_only = pytest.mark.skipif(not os.path.isdir("/proc/net"), reason="reads processes and sockets from /proc")

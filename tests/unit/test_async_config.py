@@ -53,7 +53,7 @@ def test_defaults_are_the_seeds_plus_schedule_and_deadline(registry):
 
 
 def test_the_seeds_null_block_means_off(registry):
-    """The seed types the section `AsyncGRPOConfig | None`; its configs may say `async_grpo: null`."""
+    """NeMo-RL types the section `AsyncGRPOConfig | None`; its configs may say `async_grpo: null`."""
     assert load(registry, "grpo.async_grpo=null").grpo.async_grpo == C.AsyncGRPOConfig()
 
 

@@ -1,4 +1,4 @@
-"""The deterministic trajectory collector (trainer/collector.py; issue 15, design/async-grpo.md §3.9):
+"""The deterministic trajectory collector (rollouts/collector.py; issue 15, design/async-grpo.md §3.9):
 it generates the granted targets in order with the same calls the synchronous step makes, puts
 whole groups into the replay buffer tagged with their version, hands its errors to the trainer's
 thread, and stops within its deadline. Real components: the built-in task on a local tiny model."""
@@ -16,8 +16,8 @@ from helpers import small_trainer
 from grpo_sdk.core.errors import EnvironmentStepError
 from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, hookimpl
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
-from grpo_sdk.trainer.collector import TrajectoryCollector
-from grpo_sdk.trainer.replay_buffer import ReplayBuffer
+from grpo_sdk.rollouts.collector import TrajectoryCollector
+from grpo_sdk.rollouts.replay_buffer import ReplayBuffer
 
 P, G, WAIT = 4, 4, 60.0
 

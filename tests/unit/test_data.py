@@ -15,8 +15,8 @@ import random
 import pytest
 
 from grpo_sdk.config import schema as C
-from grpo_sdk.trainer import data as D
-from grpo_sdk.trainer import prompt_sources as sources
+from grpo_sdk.data import prompts as D
+from grpo_sdk.data import prompt_sources as sources
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
 from grpo_sdk.environments.specs import ReverseDigitsConfig
@@ -155,7 +155,7 @@ def test_long_prompt_is_an_error_naming_the_row_and_the_limit(tmp_path, bpe_toke
 def test_long_prompts_are_filtered_and_counted(tmp_path, bpe_tokenizer, caplog):
     path = write_jsonl(tmp_path / "d.jsonl", LONG_ROWS)
     limit = len(bpe_tokenizer(LONG_ROWS[5]["prompt"])["input_ids"])
-    with caplog.at_level(logging.WARNING, logger="grpo_sdk.trainer.data"):
+    with caplog.at_level(logging.WARNING, logger="grpo_sdk.data.prompts"):
         source = sources.make_prompt_source(make_cfg(train_path=str(path), filter_long_prompts=True), ENV, bpe_tokenizer, limit)
     assert len(source.prompts) == 6
     assert sorted(p.metadata["k"] for p in source.prompts) == [0, 1, 2, 3, 4, 5]
@@ -468,7 +468,7 @@ def test_a_prompt_template_is_refused_for_messages_rows(tmp_path, bpe_tokenizer)
 
 
 def test_messages_rows_without_a_tokenizer_are_rendered_by_the_rollout_alike(tmp_path, bpe_tokenizer):
-    from grpo_sdk.trainer.rollout import tokenize_prompts
+    from grpo_sdk.rollouts.rollout import tokenize_prompts
 
     path = str(write_jsonl(tmp_path / "chat.jsonl", CHATS))
     bare = sources.make_prompt_source(make_cfg(train_path=path, shuffle=False), ENV).prompts

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from grpo_sdk.estimators.grpo import GRPOEstimator, baseline_and_std_per_group, grpo_advantages
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
+from grpo_sdk.plugins.advantage_calls import input_of
 
+
+
+def advantages_of(estimator, rewards, group_ids, mask, **extras):
+    """The estimator's advantages for these tensors, through the typed call (``AdvantageInput``)."""
+    return estimator.compute_advantages(input_of(rewards, group_ids, mask, **extras))
 
 def t(values):
     return torch.tensor(values, dtype=torch.float32)
@@ -70,7 +76,7 @@ def test_singleton_group_gets_zero_advantage():
 
 def test_estimator_expands_over_the_mask_shape():
     est = GRPOEstimator(GRPOEstimatorConfig(use_leave_one_out_baseline=False), context=None)
-    adv = est.compute_advantages(t([2, 2, 1, 3]), ids(2, 2), torch.ones(4, 5))
+    adv = advantages_of(est, t([2, 2, 1, 3]), ids(2, 2), torch.ones(4, 5))
     assert adv.shape == (4, 5)
     torch.testing.assert_close(adv[:, 0], t([0, 0, -S, S]), atol=1e-5, rtol=1e-5)
     assert (adv == adv[:, :1]).all()

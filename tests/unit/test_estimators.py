@@ -21,6 +21,7 @@ from grpo_sdk.estimators.grpo import GRPOEstimator
 from grpo_sdk.estimators.opd import OPDEstimator, pad_teacher_logprobs
 from grpo_sdk.estimators.reinforce_plus_plus import ReinforcePlusPlusEstimator
 from grpo_sdk.estimators.rloo import RLOOEstimator
+from grpo_sdk.plugins.advantage_calls import input_of
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig, GRPOEstimatorConfig, ReinforcePlusPlusConfig
 from grpo_sdk.plugins.registry import Registry
 
@@ -28,6 +29,11 @@ S = 1 / math.sqrt(2)
 GAP = "on_policy_distillation/teacher_student_logprob_gap_mean"
 ADV_MEAN, ADV_STD = "on_policy_distillation/adv_mean", "on_policy_distillation/adv_std"
 
+
+
+def advantages_of(estimator, rewards, group_ids, mask, **extras):
+    """The estimator's advantages for these tensors, through the typed call (``AdvantageInput``)."""
+    return estimator.compute_advantages(input_of(rewards, group_ids, mask, **extras))
 
 def t(values):
     return torch.tensor(values, dtype=torch.float32)
@@ -63,7 +69,7 @@ def test_entry_points_resolve_to_working_estimators(name, config):
     mask = torch.ones(4, 3)
     extras = dict(reward_components={"a": t([1, 0, 1, 1]), "b": t([0, 0, 1, 0])}, valid_mask=torch.ones(4, dtype=bool),
                   prev_logprobs=torch.full((4, 3), -1.0), teacher_logprobs=torch.zeros(4, 3))
-    advantages = est.compute_advantages(t([1, 0, 2, 1]), ids(2, 2), mask, **extras)
+    advantages = advantages_of(est, t([1, 0, 2, 1]), ids(2, 2), mask, **extras)
     assert advantages.shape == mask.shape and torch.isfinite(advantages).all()
 
 
@@ -79,7 +85,7 @@ def test_entry_points_resolve_to_working_estimators(name, config):
     ([3, 3, 3, 7, 7], ids(3, 2), [0] * 5),
 ])
 def test_rloo_is_reward_minus_mean_of_the_others(rewards, groups, expected):
-    advantages = RLOOEstimator(None, None).compute_advantages(t(rewards), groups, torch.ones(len(rewards), 4))
+    advantages = advantages_of(RLOOEstimator(None, None), t(rewards), groups, torch.ones(len(rewards), 4))
     torch.testing.assert_close(rows(advantages), t(expected))
 
 
@@ -87,9 +93,9 @@ def test_rloo_equals_grpo_leave_one_out_unnormalised():
     rewards, groups = torch.randn(12), ids(4, 3, 5)
     valid = torch.tensor([1, 1, 0, 1] + [1] * 8, dtype=torch.bool)
     grpo = GRPOEstimator(GRPOEstimatorConfig(normalize_rewards=False, use_leave_one_out_baseline=True), None)
-    torch.testing.assert_close(RLOOEstimator(None, None).compute_advantages(rewards, groups, torch.ones(12, 2),
+    torch.testing.assert_close(advantages_of(RLOOEstimator(None, None), rewards, groups, torch.ones(12, 2),
                                                                            valid_mask=valid),
-                               grpo.compute_advantages(rewards, groups, torch.ones(12, 2), valid_mask=valid))
+                               advantages_of(grpo, rewards, groups, torch.ones(12, 2), valid_mask=valid))
 
 
 # --- gdpo ------------------------------------------------------------------------------------
@@ -101,7 +107,7 @@ TWO_GROUPS = {"correctness": t([1, 0, 0, 1, 1, 1]), "format": t([1, 1, 0, 0, 1, 
 def gdpo(components, groups, mask=None, **config):
     mask = torch.ones(len(groups), 3) if mask is None else mask
     est = GDPOEstimator(GDPOEstimatorConfig(**config), None)
-    return est.compute_advantages(torch.zeros(len(groups)), groups, mask, reward_components=components)
+    return advantages_of(est, torch.zeros(len(groups)), groups, mask, reward_components=components)
 
 
 def test_gdpo_upstream_three_components():
@@ -111,7 +117,7 @@ def test_gdpo_upstream_three_components():
 
 def test_gdpo_is_whitened_weighted_sum_of_per_component_grpo():
     groups, weights = ids(3, 3), [1.0, 0.25]
-    expected = sum(w * GRPOEstimator(GRPOEstimatorConfig(), None).compute_advantages(TWO_GROUPS[k], groups,
+    expected = sum(w * advantages_of(GRPOEstimator(GRPOEstimatorConfig(), None), TWO_GROUPS[k], groups,
                                                                                      torch.ones(6, 1))[:, 0]
                    for w, k in zip(weights, sorted(TWO_GROUPS)))
     expected = (expected - expected.mean()) / expected.std()
@@ -119,7 +125,7 @@ def test_gdpo_is_whitened_weighted_sum_of_per_component_grpo():
 
 
 def test_gdpo_ignores_rewards_and_component_order():
-    a = GDPOEstimator(None, None).compute_advantages(t([5, -3, 9, 0, 0, 1]), ids(3, 3), torch.ones(6, 2),
+    a = advantages_of(GDPOEstimator(None, None), t([5, -3, 9, 0, 0, 1]), ids(3, 3), torch.ones(6, 2),
                                                      reward_components=TWO_GROUPS)
     reordered = dict(reversed(list(TWO_GROUPS.items())))
     torch.testing.assert_close(a, gdpo(reordered, ids(3, 3), mask=torch.ones(6, 2)))
@@ -148,7 +154,7 @@ def test_gdpo_needs_two_components(components, match):
 
 def test_gdpo_missing_components_extra_is_a_clear_error():
     with pytest.raises(ValueError, match="at least 2"):
-        GDPOEstimator(None, None).compute_advantages(t([1, 0]), ids(2), torch.ones(2, 3))
+        advantages_of(GDPOEstimator(None, None), t([1, 0]), ids(2), torch.ones(2, 3))
 
 
 def test_gdpo_weight_count_must_match_and_names_the_components():
@@ -161,7 +167,7 @@ def test_gdpo_weight_count_must_match_and_names_the_components():
 
 def test_reinforce_plus_plus_upstream_numbers():
     mask = torch.ones(4, 5)
-    advantages = ReinforcePlusPlusEstimator(None, None).compute_advantages(t([0, 1, 2, 3]), ids(4), mask)
+    advantages = advantages_of(ReinforcePlusPlusEstimator(None, None), t([0, 1, 2, 3]), ids(4), mask)
     torch.testing.assert_close(rows(advantages), t([-1.3416, -0.4472, 0.4472, 1.3416]), atol=1e-4, rtol=0)
     assert abs(float((advantages * mask).sum() / mask.sum())) < 1e-6
 
@@ -186,7 +192,7 @@ def test_reinforce_plus_plus_matches_upstream_with_partial_mask(minus_baseline):
     rewards, groups = t([0, 1, 1, 5, 2, 2, 7]), ids(3, 1, 3)  # a singleton group: its baseline is itself
     mask = (torch.arange(6)[None, :] < torch.tensor([6, 2, 4, 1, 3, 5, 0])[:, None]).float()  # last row fully masked
     est = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(minus_baseline=minus_baseline), None)
-    got = est.compute_advantages(rewards, groups, mask)
+    got = advantages_of(est, rewards, groups, mask)
     torch.testing.assert_close(got, upstream_reinforce_plus_plus(rewards, groups, mask, minus_baseline))
     assert got[6].abs().sum() > 0  # masked positions are transformed, not zeroed
 
@@ -198,10 +204,10 @@ def test_reinforce_plus_plus_folds_token_kl_into_the_reward(kl_type):
     mask[:, :2] = 0  # prompt positions
     prev, ref = torch.randn(4, 6) - 2, torch.randn(4, 6) * 8 - 2  # large gaps: the clamps matter
     est = ReinforcePlusPlusEstimator(None, kl_context(beta=0.2, kl_type=kl_type))
-    got = est.compute_advantages(rewards, groups, mask, prev_logprobs=prev, reference_logprobs=ref)
+    got = advantages_of(est, rewards, groups, mask, prev_logprobs=prev, reference_logprobs=ref)
     kl = calculate_kl(prev, ref, kl_type, 20.0, 10.0)
     torch.testing.assert_close(got, upstream_reinforce_plus_plus(rewards, groups, mask, True, 0.2, kl))
-    assert not torch.allclose(got, est.compute_advantages(rewards, groups, mask, prev_logprobs=prev,
+    assert not torch.allclose(got, advantages_of(est, rewards, groups, mask, prev_logprobs=prev,
                                                           reference_logprobs=prev))
 
 
@@ -210,38 +216,38 @@ def test_reinforce_plus_plus_kl_uses_the_configured_clamps():
     est = ReinforcePlusPlusEstimator(ReinforcePlusPlusConfig(minus_baseline=False),
                                      kl_context(beta=1.0, kl_type="k1", kl_input_clamp_value=None,
                                                 kl_output_clamp_value=None))
-    got = est.compute_advantages(t([0, 0]), ids(2), mask, prev_logprobs=prev, reference_logprobs=ref)
+    got = advantages_of(est, t([0, 0]), ids(2), mask, prev_logprobs=prev, reference_logprobs=ref)
     expected = upstream_reinforce_plus_plus(t([0, 0]), ids(2), mask, False, 1.0, -ref)  # unclamped k1 = -(ref - lp)
     torch.testing.assert_close(got, expected)
 
 
 def test_reinforce_plus_plus_without_kl_in_reward_ignores_logprobs():
     est = ReinforcePlusPlusEstimator(None, SimpleNamespace(config=SimpleNamespace(loss_fn=LossConfig())))
-    a = est.compute_advantages(t([0, 1]), ids(2), torch.ones(2, 3), prev_logprobs=torch.zeros(2, 3),
+    a = advantages_of(est, t([0, 1]), ids(2), torch.ones(2, 3), prev_logprobs=torch.zeros(2, 3),
                                reference_logprobs=torch.full((2, 3), -5.0))
-    torch.testing.assert_close(a, est.compute_advantages(t([0, 1]), ids(2), torch.ones(2, 3)))
+    torch.testing.assert_close(a, advantages_of(est, t([0, 1]), ids(2), torch.ones(2, 3)))
 
 
 def test_reinforce_plus_plus_kl_in_reward_without_logprobs_is_a_clear_error():
     est = ReinforcePlusPlusEstimator(None, kl_context())
     with pytest.raises(ValueError, match="reference_logprobs"):
-        est.compute_advantages(t([0, 1]), ids(2), torch.ones(2, 3), prev_logprobs=torch.zeros(2, 3))
+        advantages_of(est, t([0, 1]), ids(2), torch.ones(2, 3), prev_logprobs=torch.zeros(2, 3))
     zero_beta = ReinforcePlusPlusEstimator(None, kl_context(beta=0.0))  # beta 0: nothing to fold in
-    assert torch.isfinite(zero_beta.compute_advantages(t([0, 1]), ids(2), torch.ones(2, 3))).all()
+    assert torch.isfinite(advantages_of(zero_beta, t([0, 1]), ids(2), torch.ones(2, 3))).all()
 
 
 def test_reinforce_plus_plus_empty_mask_raises_instead_of_nan():
     with pytest.raises(ValueError, match="no valid token"):
-        ReinforcePlusPlusEstimator(None, None).compute_advantages(t([0, 1]), ids(2), torch.zeros(2, 3))
+        advantages_of(ReinforcePlusPlusEstimator(None, None), t([0, 1]), ids(2), torch.zeros(2, 3))
 
 
 def test_reinforce_plus_plus_zero_variance_group_rows_are_equal_and_zero_under_a_full_mask():
     rewards, groups = t([2, 2, 2, 0, 1, 5]), ids(3, 3)
-    a = rows(ReinforcePlusPlusEstimator(None, None).compute_advantages(rewards, groups, torch.ones(6, 4)))
+    a = rows(advantages_of(ReinforcePlusPlusEstimator(None, None), rewards, groups, torch.ones(6, 4)))
     torch.testing.assert_close(a[:3], torch.zeros(3), atol=1e-6, rtol=0)
     uneven = torch.ones(6, 4)
     uneven[4:, 2:] = 0  # unequal token counts shift the masked mean: the flat group is no longer 0, but still flat
-    b = ReinforcePlusPlusEstimator(None, None).compute_advantages(rewards, groups, uneven)
+    b = advantages_of(ReinforcePlusPlusEstimator(None, None), rewards, groups, uneven)
     assert torch.equal(b[0], b[1]) and torch.equal(b[1], b[2])
 
 
@@ -250,7 +256,7 @@ def test_reinforce_plus_plus_zero_variance_group_rows_are_equal_and_zero_under_a
 
 def opd(teacher, prev, mask):
     est = OPDEstimator(None, None)
-    return est, est.compute_advantages(torch.zeros(len(mask)), torch.arange(len(mask)), mask,
+    return est, advantages_of(est, torch.zeros(len(mask)), torch.arange(len(mask)), mask,
                                        teacher_logprobs=teacher, prev_logprobs=prev)
 
 
@@ -307,9 +313,9 @@ def test_opd_pads_a_short_teacher_and_rejects_a_long_one():
 def test_opd_missing_inputs_name_the_fix():
     est = OPDEstimator(None, None)
     with pytest.raises(ValueError, match="on_policy_distillation.teacher_model"):
-        est.compute_advantages(t([0]), ids(1), torch.ones(1, 2), prev_logprobs=torch.zeros(1, 2))
+        advantages_of(est, t([0]), ids(1), torch.ones(1, 2), prev_logprobs=torch.zeros(1, 2))
     with pytest.raises(ValueError, match="prev_logprobs"):
-        est.compute_advantages(t([0]), ids(1), torch.ones(1, 2), teacher_logprobs=torch.zeros(1, 2))
+        advantages_of(est, t([0]), ids(1), torch.ones(1, 2), teacher_logprobs=torch.zeros(1, 2))
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -351,8 +357,8 @@ def test_permuting_rows_permutes_the_advantages(data, sizes):
     permuted = {k: v[perm] for k, v in extras.items() if k != "reward_components"}
     permuted["reward_components"] = {k: v[perm] for k, v in extras["reward_components"].items()}
     for name, est in _estimators():
-        a = est.compute_advantages(rewards, groups, mask, **extras)
-        b = est.compute_advantages(rewards[perm], groups[perm], mask[perm], **permuted)
+        a = advantages_of(est, rewards, groups, mask, **extras)
+        b = advantages_of(est, rewards[perm], groups[perm], mask[perm], **permuted)
         torch.testing.assert_close(b, a[perm], atol=1e-5, rtol=1e-5, msg=name)
 
 
@@ -364,15 +370,15 @@ def test_zero_variance_groups_get_equal_advantages(data, sizes):
     rewards = rewards.clone()
     rewards[groups == 0] = 1.0  # group 0 is flat in the rewards and in every component
     components = {"a": rewards, "b": (groups % 2).float()}  # b is constant inside every group
-    rloo = rows(RLOOEstimator(None, None).compute_advantages(rewards, groups, mask))
+    rloo = rows(advantages_of(RLOOEstimator(None, None), rewards, groups, mask))
     assert (rloo[groups == 0] == 0).all()
     for est in (GDPOEstimator(None, None), ReinforcePlusPlusEstimator(None, None)):
-        a = est.compute_advantages(rewards, groups, mask, reward_components=components)
+        a = advantages_of(est, rewards, groups, mask, reward_components=components)
         flat = a[groups == 0]
         assert torch.equal(flat, flat[:1].expand_as(flat))
     # Without leave-one-out every group's advantages sum to 0, so the batch mean is 0 and the flat group stays 0.
     plain = GDPOEstimator(GDPOEstimatorConfig(use_leave_one_out_baseline=False), None)
-    flat = plain.compute_advantages(rewards, groups, mask, reward_components=components)[groups == 0]
+    flat = advantages_of(plain, rewards, groups, mask, reward_components=components)[groups == 0]
     torch.testing.assert_close(flat, torch.zeros_like(flat), atol=1e-5, rtol=0)
 
 
@@ -384,6 +390,40 @@ def test_opd_masked_positions_are_zero(data, sizes):
     teacher = -torch.rand(n, data.draw(st.integers(1, 4))) * 5
     prev = -torch.rand(n, 4) * 5
     est = OPDEstimator(None, None)
-    a = est.compute_advantages(torch.zeros(n), groups, mask, teacher_logprobs=teacher, prev_logprobs=prev)
+    a = advantages_of(est, torch.zeros(n), groups, mask, teacher_logprobs=teacher, prev_logprobs=prev)
     assert (a[mask == 0] == 0).all()
     torch.testing.assert_close(a[mask > 0], (pad_teacher_logprobs(teacher, 4) - prev)[mask > 0])
+
+
+def test_plugin_api_1_calls_reach_a_built_in_estimator_with_a_deprecation_warning():
+    est, rewards, groups = GRPOEstimator(None, None), t([1, 0, 2, 1]), ids(2, 2)
+    valid = torch.tensor([True, True, True, False])
+    with pytest.warns(DeprecationWarning, match="plugin API 1"):
+        old = est.compute_advantages(rewards, groups, torch.ones(4, 3), valid_mask=valid, metadata=None)
+    torch.testing.assert_close(old, advantages_of(est, rewards, groups, torch.ones(4, 3), valid_mask=valid))
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['baseline'\]"):
+        est.compute_advantages(rewards, groups, torch.ones(4, 3), baseline=rewards)
+
+
+def test_an_estimator_written_for_plugin_api_1_is_adapted_to_the_typed_call():
+    from grpo_sdk.plugins import AdvantageInput
+    from grpo_sdk.plugins.advantage_calls import adapt_estimator_class
+
+    class OldMedian:  # a third-party estimator from before AdvantageInput
+        def __init__(self, config, context):
+            self.seen = None
+
+        def compute_advantages(self, rewards, group_ids, mask, **extras):
+            self.seen = extras
+            return (rewards - rewards.median())[:, None] * mask
+
+    with pytest.warns(DeprecationWarning, match="'median' .* plugin API 1"):
+        adapted = adapt_estimator_class(OldMedian, "median")
+    est = adapted(None, None)
+    assert isinstance(est, OldMedian) and adapted.api1_estimator is OldMedian
+    batch = AdvantageInput(rewards=t([0, 1, 5]), group_ids=ids(3), mask=torch.ones(3, 2),
+                           reward_components={"r": t([0, 1, 5])})
+    torch.testing.assert_close(est.compute_advantages(batch), torch.tensor([[-1., -1.], [0., 0.], [4., 4.]]))
+    assert set(est.seen) == {"reward_components", "valid_mask", "sample_mask", "generation_logprobs",
+                             "prev_logprobs", "reference_logprobs", "teacher_logprobs", "metadata"}
+    assert adapt_estimator_class(GRPOEstimator, "grpo") is GRPOEstimator  # the typed form is left as it is

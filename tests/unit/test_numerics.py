@@ -30,6 +30,7 @@ from grpo_sdk.estimators.gdpo import GDPOEstimator
 from grpo_sdk.estimators.grpo import baseline_and_std_per_group, grpo_advantages
 from grpo_sdk.estimators.reinforce_plus_plus import ReinforcePlusPlusEstimator
 from grpo_sdk.estimators.rloo import RLOOEstimator
+from grpo_sdk.plugins.advantage_calls import input_of
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig
 
 TIES = [0.1, 0.2, 0.3, 1 / 3, 0.7, 0.9]
@@ -38,6 +39,11 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 # --- the exact reference ---------------------------------------------------------------------
 
+
+
+def advantages_of(estimator, rewards, group_ids, mask, **extras):
+    """The estimator's advantages for these tensors, through the typed call (``AdvantageInput``)."""
+    return estimator.compute_advantages(input_of(rewards, group_ids, mask, **extras))
 
 def reference(rewards: list[float], group_ids: list[int], valid: list[bool], *, leave_one_out: bool,
               normalize: bool) -> tuple[list[float], list[float], list[float]]:
@@ -151,7 +157,7 @@ def test_rloo_matches_the_exact_reference(batch):
     rewards = as_tensor(rewards_list, torch.float32)
     _, _, a = reference(rewards.double().tolist(), group_list, [True] * len(group_list), leave_one_out=True,
                         normalize=False)
-    out = RLOOEstimator(None, None).compute_advantages(rewards, torch.tensor(group_list), torch.ones(len(a), 2))
+    out = advantages_of(RLOOEstimator(None, None), rewards, torch.tensor(group_list), torch.ones(len(a), 2))
     assert_matches(out[:, 0], a, group_list, "rloo")
 
 
@@ -193,7 +199,7 @@ def test_gdpo_per_component_and_whitening_match_the_exact_reference(batch, shift
     b[0] = 1.0  # one odd row: component b is "one success among identical failures" in group 0's view
     n = len(a)
     est = GDPOEstimator(GDPOEstimatorConfig(reward_weights=[1.0, 0.5]), None)
-    out = est.compute_advantages(torch.zeros(n), torch.tensor(group_list), torch.ones(n, 1),
+    out = advantages_of(est, torch.zeros(n), torch.tensor(group_list), torch.ones(n, 1),
                                  reward_components={"a": a, "b": b})[:, 0]
     ones = [True] * n
     parts = [reference(x.double().tolist(), group_list, ones, leave_one_out=True, normalize=True)[2] for x in (a, b)]
@@ -219,8 +225,8 @@ def test_reinforce_plus_plus_zero_spread_whitens_to_exactly_zero():
     mask = torch.ones(6, 4)
     mask[:, 2:] = 0
     est = ReinforcePlusPlusEstimator(None, None)
-    assert (est.compute_advantages(rewards, torch.zeros(6, dtype=torch.long), mask) == 0).all()
-    assert (est.compute_advantages(rewards, torch.arange(6), mask) == 0).all()
+    assert (advantages_of(est, rewards, torch.zeros(6, dtype=torch.long), mask) == 0).all()
+    assert (advantages_of(est, rewards, torch.arange(6), mask) == 0).all()
 
 
 @settings(max_examples=60, deadline=None)
@@ -230,7 +236,7 @@ def test_reinforce_plus_plus_matches_the_exact_reference(batch, width):
     rewards = as_tensor(rewards_list, torch.float64)
     n = len(rewards)
     mask = (torch.arange(4)[None, :] < torch.arange(n)[:, None] % width + 1).double()
-    out = ReinforcePlusPlusEstimator(None, None).compute_advantages(rewards, torch.tensor(group_list), mask)
+    out = advantages_of(ReinforcePlusPlusEstimator(None, None), rewards, torch.tensor(group_list), mask)
     b, _, _ = reference(rewards.tolist(), group_list, [True] * n, leave_one_out=False, normalize=False)
     a = [Fraction(r) - Fraction(bi) for r, bi in zip(rewards.tolist(), b)]
     weights = mask.sum(-1).tolist()  # a row's value counts once per valid token

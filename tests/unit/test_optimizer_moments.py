@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_sdk.backends.hf.optimizer import CHUNK, AdamWBFloat16Moments, round_stochastically_
+from grpo_sdk.algorithms.optimizer import CHUNK, AdamWBFloat16Moments, round_stochastically_
 from helpers import config_problems
 
 SETTINGS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}

@@ -237,14 +237,14 @@ def steps_until_epochs(source, per_step: int, epochs: int) -> int:
 
 
 def _prompts(n: int):
-    from grpo_sdk.trainer.data import Prompt
+    from grpo_sdk.data.prompts import Prompt
 
     return [Prompt(text=str(i), metadata={}, source=f"row {i}") for i in range(n)]
 
 
 @pytest.mark.parametrize("rows, per_step, epochs", [(20, 4, 1), (21, 4, 1), (21, 4, 3), (200, 8, 1), (7, 7, 2)])
 def test_the_epochs_line_gives_the_steps_the_dataset_allows(registry, tmp_path, rows, per_step, epochs):
-    from grpo_sdk.trainer.prompt_sources import DatasetPrompts
+    from grpo_sdk.data.prompt_sources import DatasetPrompts
 
     data = prompts_file(tmp_path / "train.jsonl", rows)
     cfg = load_config(None, [f"data.train_path={data}", f"grpo.num_prompts_per_step={per_step}",
@@ -277,7 +277,7 @@ def test_epochs_that_allow_every_step_say_so(registry, tmp_path):
     ([40, 40], [3.0, 1.0], 4, 1), ([10, 30, 7], [1.0, 1.0, 2.0], 6, 2), ([5, 9], [0.3, 0.7], 5, 1),
 ])
 def test_a_mixture_s_epochs_are_counted_as_the_run_draws(sizes, weights, per_step, epochs):
-    from grpo_sdk.trainer.prompt_sources import DatasetPrompts, MixturePrompts
+    from grpo_sdk.data.prompt_sources import DatasetPrompts, MixturePrompts
 
     source = MixturePrompts([DatasetPrompts(_prompts(n), shuffle=False, seed=0, salt=f"t{i}")
                              for i, n in enumerate(sizes)], weights)

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from grpo_sdk.core.errors import ConfigError, ExitCode
 from grpo_sdk.core.records import Message
-from grpo_sdk.trainer.replay_buffer import (
+from grpo_sdk.rollouts.replay_buffer import (
     BUFFER_JSON,
     BUFFER_TENSORS,
     BufferedGroup,
@@ -28,7 +28,7 @@ from grpo_sdk.trainer.replay_buffer import (
     ReplayBuffer,
     ReplayBufferError,
 )
-from grpo_sdk.trainer.rollout import RolloutBatch
+from grpo_sdk.rollouts.rollout import RolloutBatch
 from helpers import assert_same_group, assert_same_tensor
 
 PAD = 0
@@ -113,7 +113,7 @@ def test_short_target_returns_none_and_keeps_its_groups():
 
 
 def test_bug15_wrong_size_group_refused_at_put_and_nothing_lost():
-    """The seed dropped a wrong-size batch after sampling removed it; here the group is refused
+    """NeMo-RL dropped a wrong-size batch after sampling removed it; here the group is refused
     when it is put, and the groups already there stay until the step is whole."""
     buf = buffer(P=2, G=2)
     buf.put(make_group(0, 1, 1))

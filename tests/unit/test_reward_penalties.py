@@ -1,4 +1,4 @@
-"""The seed's reward penalties (``reward_penalties.*``) and per-group length penalty (``grpo.length_penalty``).
+"""NeMo-RL's reward penalties (``reward_penalties.*``) and per-group length penalty (``grpo.length_penalty``).
 
 Penalty cases are NeMo-RL's (``tests/unit/experience/test_reward_penalties.py``), restated over generated
 messages instead of NeMo-Gym's Responses-API items; length-penalty numbers are pinned to NeMo-RL's
@@ -372,7 +372,7 @@ def run_changes(texts, rewards, penalties=None, training=True, components=None, 
 def test_the_length_penalty_runs_after_the_penalties_and_keeps_the_env_reward_in_the_components():
     # NeMo-RL's test_runs_after_reward_penalties: row 2 repeats its reasoning, is zeroed first and drops out of
     # the successes; rows 0-1 (totals 10/30) get exactly +-0.05. The components keep the reward the length
-    # penalty was handed (the seed's env_reward).
+    # penalty was handed (NeMo-RL's env_reward).
     texts = ["1234</think>123456", "1" * 20 + "</think>" + "1" * 10, "x" * 50 + "</think>" + "x" * 50]
     out, total, metrics = run_changes(texts, [1.0, 1.0, 1.0], C.RewardPenaltyConfig(penalize_duplicated_reasoning=True),
                                       group_total_length_penalty_coeff=0.1)

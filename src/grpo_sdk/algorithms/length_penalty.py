@@ -1,4 +1,4 @@
-"""The seed's per-prompt-group length bonuses and penalties (``grpo.length_penalty``), on 0/1 rewards.
+"""NeMo-RL's per-prompt-group length bonuses and penalties (``grpo.length_penalty``), on 0/1 rewards.
 
 Among a group's successes, shorter is rewarded: flat bonuses and penalties for the shortest and
 longest, a dense zero-centred term, modified-z outliers, a pass-rate-scaled term, a profiled-length

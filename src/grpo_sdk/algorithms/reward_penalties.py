@@ -1,4 +1,4 @@
-"""The seed's reward-zeroing penalties (``reward_penalties.*``), over the generated messages of any environment.
+"""NeMo-RL's reward-zeroing penalties (``reward_penalties.*``), over the generated messages of any environment.
 
 NeMo-RL applies them inside its NeMo-Gym rollout, to Gym's Responses-API items; here they read
 what every environment's episode has: the messages the policy generated (``generation_logprobs``
@@ -21,7 +21,7 @@ import torch
 
 from grpo_sdk.config.schema import RewardPenaltyConfig
 
-# Upstream's rollout-metric names, so a seed user's dashboards line up: the fraction of the
+# Upstream's rollout-metric names, so a NeMo-RL user's dashboards line up: the fraction of the
 # samples each penalty flagged (flagged, not "changed": a sample already at 0 counts too).
 RATE_METRICS = {
     "duplicated_reasoning": "reasoning_equal_to_final_answer_rate",

@@ -1,10 +1,10 @@
 """The reward pipeline between the environment and the estimator, in pure torch.
 
 Order in a step (as NeMo-RL's synchronous loop): reward penalties -> length penalty (both on the
-environment's rewards, where the seed's NeMo-Gym rollout applies them) -> scale -> shape ->
+environment's rewards, where NeMo-RL's NeMo-Gym rollout applies them) -> scale -> shape ->
 triviality / dynamic sampling -> overlong filtering -> sequence logprob-error masking ->
 advantages -> clipping.
-Restated in docs/algorithms.md (One step, in order); the differences from the seed are in
+Restated in docs/algorithms.md (One step, in order); the differences from NeMo-RL are in
 docs/decisions.md.
 """
 
@@ -19,7 +19,7 @@ from grpo_sdk.algorithms.effort_levels import apply_effort_levels, generated_len
 from grpo_sdk.algorithms.length_penalty import CHANNELS, apply_length_penalty, length_penalty_active
 from grpo_sdk.algorithms.reward_penalties import any_penalty, apply_penalties, generated_turns, penalty_flags, \
     reasoning_and_answer, resolve_think_tags
-from grpo_sdk.config.schema import RewardScalingConfig, RewardShapingConfig
+from grpo_sdk.config.schema import MasterConfig, RewardScalingConfig, RewardShapingConfig
 
 
 def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
@@ -119,12 +119,12 @@ def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | N
 
 
 class RolloutRewardChanges:
-    """The seed's rollout-side reward changes, in its order: ``reward_penalties.*``, then (training only)
+    """NeMo-RL's rollout-side reward changes, in its order: ``reward_penalties.*``, then (training only)
     ``grpo.length_penalty`` and ``grpo.effort_levels``, on the environment's rewards, before scaling
     and shaping.
 
     The components come back with the penalties applied and nothing else: they stay the raw
-    environment reward (the seed's ``env_reward``), while the total carries the length penalty too.
+    environment reward (NeMo-RL's ``env_reward``), while the total carries the length penalty too.
 
     Example::
 
@@ -133,7 +133,7 @@ class RolloutRewardChanges:
                                              batch.message_logs, batch.metadata)
     """
 
-    def __init__(self, config: Any, tokenizer: Any = None):
+    def __init__(self, config: MasterConfig, tokenizer: Any = None):
         self.penalties, self.length = config.reward_penalties, config.grpo.length_penalty
         self.effort = getattr(config.grpo, "effort_levels", None)  # absent from hand-built configs: off
         self.tokenizer = tokenizer

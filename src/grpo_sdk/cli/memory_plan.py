@@ -31,18 +31,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from grpo_sdk.cli.model_size import ModelSize, _cached_config, _read_config
 from grpo_sdk.core.builtin_models import BUILTIN_MODELS
 
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ADAM_MOMENT_BYTES = 2 * 4  # exp_avg and exp_avg_sq, counted in fp32
 
 
-def adam_moment_bytes(cfg: Any) -> int:
+def adam_moment_bytes(cfg: MasterConfig) -> int:
     """Bytes of AdamW state per trained parameter: two moments, in policy.optimizer.moments_dtype."""
     return ADAM_MOMENT_BYTES // (2 if cfg.policy.optimizer.moments_dtype == "bfloat16" else 1)
 PROCESS_BYTES = 367 * 2**20  # measured 2026-12-06: 246 MiB once imported, 367 MiB after a tiny model's steps
@@ -119,7 +122,7 @@ class Lengths:
     sequence: int  # the longest prompt + response
 
 
-def lengths(cfg: Any, longest_prompt: int | None) -> Lengths:
+def lengths(cfg: MasterConfig, longest_prompt: int | None) -> Lengths:
     policy = cfg.policy
     new = policy.generation.max_new_tokens
     bound = min(cfg.data.max_input_seq_length or policy.max_total_sequence_length - new,
@@ -129,12 +132,12 @@ def lengths(cfg: Any, longest_prompt: int | None) -> Lengths:
                    sequence=min(policy.max_total_sequence_length, prompt + new))
 
 
-def _hf_options(cfg: Any, name: str) -> Any:
+def _hf_options(cfg: MasterConfig, name: str) -> Any:
     blocks = getattr(cfg.policy, "structured_blocks", None) or {}
     return blocks.get(name)
 
 
-def _shares_model(cfg: Any) -> bool:
+def _shares_model(cfg: MasterConfig) -> bool:
     if cfg.policy.generation.backend != "hf":
         return False
     from grpo_sdk.backends.hf.config import shares_policy_model  # light: config checks, no torch
@@ -157,7 +160,7 @@ LABELS = {"process": "process", "weights": "policy weights", "gradients": "gradi
           "activations": "activations", "logits": "logits", "kv_cache": "KV cache", "total": "total (peak)"}
 
 
-def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, teacher_width: int = 4,
+def estimate(cfg: MasterConfig, model: ModelSize, *, teacher: ModelSize | None = None, teacher_width: int = 4,
              longest_prompt: int | None = None) -> tuple[dict[str, int], list[str]]:
     """``(part -> bytes, the plan's lines)``; ``total`` is the process, what lives through the run,
     and the larger of the training and the sampling phase."""
@@ -200,7 +203,7 @@ def estimate(cfg: Any, model: ModelSize, *, teacher: ModelSize | None = None, te
     return parts, lines
 
 
-def _states(cfg: Any, params: int, shape: ModelShape | None, teacher: ModelSize | None,
+def _states(cfg: MasterConfig, params: int, shape: ModelShape | None, teacher: ModelSize | None,
             teacher_width: int) -> tuple[dict[str, int], dict[str, str]]:
     """What lives through the run: the process, the model's and the optimizer's states, other copies."""
     policy = cfg.policy
@@ -245,7 +248,7 @@ def _states(cfg: Any, params: int, shape: ModelShape | None, teacher: ModelSize 
     return parts, notes
 
 
-def _phases(cfg: Any, shape: ModelShape, length: Lengths, *, autocast: bool, lora: bool,
+def _phases(cfg: MasterConfig, shape: ModelShape, length: Lengths, *, autocast: bool, lora: bool,
             params: int) -> dict[str, tuple[int, str]]:
     """The parts that exist only during a phase of the step (and the autocast copies, in both)."""
     policy, grpo = cfg.policy, cfg.grpo

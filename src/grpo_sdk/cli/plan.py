@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,6 +29,9 @@ from grpo_sdk.cli.memory_plan import DTYPE_BYTES, adam_moment_bytes, estimate, h
 from grpo_sdk.cli.model_size import ModelSize, model_size
 from grpo_sdk.core.capabilities import Capability
 from grpo_sdk.core.kinds import COMPONENT_KINDS
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 MAX_SIMULATED_DRAWS = 2_000_000  # a mixture's epochs are simulated draw by draw; ~1 s of Python
 
@@ -58,12 +61,12 @@ class RunPlan:
         return "\n".join(out) + "\n"
 
 
-def run_plan(cfg: Any, registry: Any, *, longest_prompt: int | None = None) -> str:
+def run_plan(cfg: MasterConfig, registry: Any, *, longest_prompt: int | None = None) -> str:
     """The run plan of a loaded config, as text (what `grpoctl run --dry-run` prints)."""
     return make_plan(cfg, registry, longest_prompt=longest_prompt).render()
 
 
-def make_plan(cfg: Any, registry: Any, *, longest_prompt: int | None = None) -> RunPlan:
+def make_plan(cfg: MasterConfig, registry: Any, *, longest_prompt: int | None = None) -> RunPlan:
     grpo, policy = cfg.grpo, cfg.policy
     rows = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     global_batch = policy.train_global_batch_size or rows
@@ -95,7 +98,7 @@ def _n(count: int, noun: str, plural: str = "s") -> str:
     return f"{count} {noun}{plural * (count != 1)}"
 
 
-def _section(cfg: Any, path: str) -> Any:
+def _section(cfg: MasterConfig, path: str) -> Any:
     return functools.reduce(getattr, path.split("."), cfg)
 
 
@@ -107,7 +110,7 @@ def _origin(registry: Any, kind: str, name: str) -> str:
     return origin if info.ok else f"{origin} ({info.status}: {info.problem})"
 
 
-def _selected(cfg: Any) -> list[tuple[Any, str]]:
+def _selected(cfg: MasterConfig) -> list[tuple[Any, str]]:
     out = []
     for kind in COMPONENT_KINDS:
         chosen = getattr(_section(cfg, kind.section), kind.selector)
@@ -115,7 +118,7 @@ def _selected(cfg: Any) -> list[tuple[Any, str]]:
     return out
 
 
-def _components(cfg: Any, registry: Any) -> list[str]:
+def _components(cfg: MasterConfig, registry: Any) -> list[str]:
     rows = [(kind.label, name, _origin(registry, kind.name, name)) for kind, name in _selected(cfg)]
     if _needs_teacher(cfg, registry):
         opd = cfg.on_policy_distillation
@@ -140,7 +143,7 @@ def _capabilities(registry: Any, kind: str, name: str) -> frozenset:
     return info.spec.capabilities if info is not None and info.ok and info.spec is not None else frozenset()
 
 
-def _needs_teacher(cfg: Any, registry: Any) -> bool:
+def _needs_teacher(cfg: MasterConfig, registry: Any) -> bool:
     return (Capability.TEACHER_LOGPROBS in _capabilities(registry, "estimator", cfg.grpo.adv_estimator.name)
             and cfg.on_policy_distillation.teacher_model is not None)
 
@@ -148,7 +151,7 @@ def _needs_teacher(cfg: Any, registry: Any) -> bool:
 # --- per step ---------------------------------------------------------------------------------------
 
 
-def _rows_line(cfg: Any, rows: int, optimizer_steps: int, global_batch: int) -> str:
+def _rows_line(cfg: MasterConfig, rows: int, optimizer_steps: int, global_batch: int) -> str:
     grpo, policy = cfg.grpo, cfg.policy
     micro = math.ceil(global_batch / policy.train_micro_batch_size)
     micro_rows = min(global_batch, policy.train_micro_batch_size)
@@ -170,17 +173,17 @@ def _rows_line(cfg: Any, rows: int, optimizer_steps: int, global_batch: int) -> 
     return line
 
 
-def _prompt_limit(cfg: Any) -> int:
+def _prompt_limit(cfg: MasterConfig) -> int:
     policy = cfg.policy
     budget = policy.max_total_sequence_length - policy.generation.max_new_tokens
     return min(cfg.data.max_input_seq_length or budget, budget)
 
 
-def _longest_sequence(cfg: Any) -> int:
+def _longest_sequence(cfg: MasterConfig) -> int:
     return min(cfg.policy.max_total_sequence_length, _prompt_limit(cfg) + cfg.policy.generation.max_new_tokens)
 
 
-def _tokens_line(cfg: Any, rows: int) -> str:
+def _tokens_line(cfg: MasterConfig, rows: int) -> str:
     new = cfg.policy.generation.max_new_tokens
     longest = _longest_sequence(cfg)
     return (f"at most {rows * longest:,} tokens ({rows} rows x {longest}: prompts of up to {_prompt_limit(cfg)} "
@@ -239,7 +242,7 @@ def mixture_epoch_steps(sizes: list[int], weights: list[float], per_step: int, e
     return None
 
 
-def _epochs(cfg: Any, registry: Any) -> tuple[int | None, str]:
+def _epochs(cfg: MasterConfig, registry: Any) -> tuple[int | None, str]:
     """(steps the epochs allow, the steps line)."""
     grpo, data = cfg.grpo, cfg.data
     requested = f"{grpo.max_num_steps} steps requested (grpo.max_num_steps)"
@@ -256,7 +259,7 @@ def _epochs(cfg: Any, registry: Any) -> tuple[int | None, str]:
     if missing:
         return None, f"{requested}, bounded by grpo.max_num_epochs={grpo.max_num_epochs}; " + "; ".join(missing)
     sizes = [n for n, _ in counts]
-    if sum(sizes) < grpo.num_prompts_per_step:  # the run refuses to start (trainer.prompt_sources)
+    if sum(sizes) < grpo.num_prompts_per_step:  # the run refuses to start (data.prompt_sources)
         return None, (f"{requested}, but the data holds {sum(sizes)} prompts, fewer than the "
                       f"grpo.num_prompts_per_step={grpo.num_prompts_per_step} every step draws: the run stops at start")
     per_step = int(grpo.num_prompts_per_step * grpo.batch_multiplier) if grpo.use_dynamic_sampling \
@@ -283,7 +286,7 @@ def _epochs(cfg: Any, registry: Any) -> tuple[int | None, str]:
 # --- validation and checkpoints ----------------------------------------------------------------------
 
 
-def _validation_line(cfg: Any, registry: Any, steps: int) -> str:
+def _validation_line(cfg: MasterConfig, registry: Any, steps: int) -> str:
     grpo, data = cfg.grpo, cfg.data
     if data.validation_path:
         size, why = count_rows(data.validation_path)
@@ -310,7 +313,7 @@ def _validation_line(cfg: Any, registry: Any, steps: int) -> str:
     return f"{' and '.join(when)}: {_n(count, 'validation')} of {source}, {_n(samples, 'sample')} each"
 
 
-def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
+def _checkpoint_line(cfg: MasterConfig, steps: int, model: ModelSize) -> str:
     ckpt = cfg.checkpointing
     if not ckpt.enabled:
         return "none (checkpointing.enabled=false): the run cannot be resumed"
@@ -333,7 +336,8 @@ def _checkpoint_line(cfg: Any, steps: int, model: ModelSize) -> str:
 # --- memory ------------------------------------------------------------------------------------------
 
 
-def _memory(cfg: Any, registry: Any, model: ModelSize, longest_prompt: int | None) -> tuple[dict[str, int], list[str]]:
+def _memory(cfg: MasterConfig, registry: Any, model: ModelSize,
+            longest_prompt: int | None) -> tuple[dict[str, int], list[str]]:
     teacher, teacher_width = None, 4
     if _needs_teacher(cfg, registry):
         opd = cfg.on_policy_distillation

@@ -6,7 +6,7 @@ there, a model path that names nothing, a hub id the machine cannot reach, a pro
 ``policy.max_total_sequence_length`` allows, a task whose generated prompts do not fit.
 ``preflight(cfg)`` looks for each the way setup meets it: the model sources as the loaders check
 them, and the prompts read, templated and tokenized by the same code as the run
-(``trainer.prompt_sources.make_prompt_source`` / ``make_validation_prompts``), with the environment built
+(``data.prompt_sources.make_prompt_source`` / ``make_validation_prompts``), with the environment built
 when it generates prompts. No model is built.
 
 Torch is imported only to tokenize with a local tokenizer directory (transformers' AutoTokenizer
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -30,8 +30,11 @@ from grpo_sdk.core.hub import in_cache, is_hub_id, offline_hint, probe
 from grpo_sdk.core.models import check_model_source
 from grpo_sdk.core.protocols import SupportsShutdown
 
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
-def preflight(cfg: Any, registry: Any = None, notes: list[str] | None = None,
+
+def preflight(cfg: MasterConfig, registry: Any = None, notes: list[str] | None = None,
               prompt_lengths: list[int] | None = None) -> list[tuple[str, str]]:
     """``(key, message)`` for each thing the run would fail on at setup; ``notes`` (when given)
     receives one line per prompt source checked (how many prompts, the longest, the time taken),
@@ -48,13 +51,13 @@ def preflight(cfg: Any, registry: Any = None, notes: list[str] | None = None,
 # --- models ---------------------------------------------------------------------------------------
 
 
-def model_sources(cfg: Any) -> list[tuple[str, str]]:
+def model_sources(cfg: MasterConfig) -> list[tuple[str, str]]:
     sources = [("policy.model_name", cfg.policy.model_name), ("policy.tokenizer.name", cfg.policy.tokenizer.name),
                ("on_policy_distillation.teacher_model", cfg.on_policy_distillation.teacher_model)]
     return [(key, name) for key, name in sources if name]
 
 
-def model_problems(cfg: Any) -> list[tuple[str, str]]:
+def model_problems(cfg: MasterConfig) -> list[tuple[str, str]]:
     """A local path that is not a model directory, a name that is neither a path nor ``builtin:`` nor
     a hub id, and a hub id that the cache lacks while the hub cannot be reached."""
     problems = []
@@ -83,7 +86,7 @@ def model_problems(cfg: Any) -> list[tuple[str, str]]:
     return problems
 
 
-def local_tokenizer(cfg: Any) -> tuple[Any, list[tuple[str, str]]]:
+def local_tokenizer(cfg: MasterConfig) -> tuple[Any, list[tuple[str, str]]]:
     """The run's tokenizer when it is built in or a local directory, else None (a hub tokenizer is not
     downloaded to validate a config)."""
     key = "policy.tokenizer.name" if cfg.policy.tokenizer.name else "policy.model_name"
@@ -116,7 +119,7 @@ def _converted_dir(name: str, key: str) -> str | None:
 
 
 class BackendTokenizer:
-    """A ``tokenizers.Tokenizer`` as ``trainer.data.PromptBuilder`` calls a transformers tokenizer (the
+    """A ``tokenizers.Tokenizer`` as ``data.prompts.PromptBuilder`` calls a transformers tokenizer (the
     built-in tokenizer has no chat template), so validating needs neither transformers nor torch."""
 
     chat_template = None
@@ -134,11 +137,11 @@ class BackendTokenizer:
 # --- prompts --------------------------------------------------------------------------------------
 
 
-def prompt_problems(cfg: Any, registry: Any, tokenizer: Any, notes: list[str],
+def prompt_problems(cfg: MasterConfig, registry: Any, tokenizer: Any, notes: list[str],
                     prompt_lengths: list[int] | None = None) -> list[tuple[str, str]]:
     """Build the run's training and validation prompts as setup does, and report what fails."""
-    from grpo_sdk.trainer.data import TOO_LONG_HINT
-    from grpo_sdk.trainer.prompt_sources import make_prompt_source, make_validation_prompts
+    from grpo_sdk.data.prompts import TOO_LONG_HINT
+    from grpo_sdk.data.prompt_sources import make_prompt_source, make_validation_prompts
 
     if tokenizer is None and cfg.data.use_chat_template:  # the template is the tokenizer's: read the rows without it
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, use_chat_template=False))
@@ -188,7 +191,7 @@ def prompt_problems(cfg: Any, registry: Any, tokenizer: Any, notes: list[str],
     return problems
 
 
-def _environment(cfg: Any, registry: Any, tokenizer: Any) -> tuple[Any, list[tuple[str, str]]]:
+def _environment(cfg: MasterConfig, registry: Any, tokenizer: Any) -> tuple[Any, list[tuple[str, str]]]:
     """The environment when the run draws prompts from it (setup builds it the same way), else None."""
     from grpo_sdk.core.capabilities import Capability
 

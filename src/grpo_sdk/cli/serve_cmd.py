@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 import typer
@@ -33,6 +33,9 @@ import typer
 from grpo_sdk.cli.common import guarded, load_plugin_modules
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError, ModelLoadError
 from grpo_sdk.trainer.signals import SIGNALS, StopNow, signal_name
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 API_KEY_ENV = "GRPO_SDK_API_KEY"
 _SAVED_CONFIG = "config.resolved.yaml"
@@ -303,7 +306,7 @@ def _serve(request: ServeRequest) -> None:
             _serve_config(request, source, cfg, Path(scratch), registry)
 
 
-def _serve_config(request: ServeRequest, source: ModelSource, cfg: Any, scratch: Path, registry: Any) -> None:
+def _serve_config(request: ServeRequest, source: ModelSource, cfg: MasterConfig, scratch: Path, registry: Any) -> None:
     import torch
 
     from grpo_sdk.config.schema import plugin_config

@@ -110,5 +110,5 @@ def dump_config(obj: Any) -> Any:
     return obj
 
 
-def to_yaml(cfg: Any) -> str:
+def to_yaml(cfg: C.MasterConfig) -> str:
     return yaml.safe_dump(dump_config(cfg), sort_keys=False, default_flow_style=False)

@@ -293,7 +293,7 @@ class Structurer:
     # --- pluggable sections ---
 
     def _block_name(self, slot: C.PluginSlot, key: str, data: dict[str, Any]) -> str | None:
-        """The plugin a key's block belongs to (``vllm`` for ``vllm`` or the seed's ``vllm_cfg``), or None.
+        """The plugin a key's block belongs to (``vllm`` for ``vllm`` or NeMo-RL's ``vllm_cfg``), or None.
 
         A block named after the selected plugin counts even when that plugin is not installed, so
         the run reports the one real problem (the plugin) rather than also an "unknown key".

@@ -34,11 +34,11 @@ class Capability(enum.StrEnum):
     """estimator: folds the KL penalty into the reward itself; ``loss_fn.use_kl_in_reward=true``
     requires it. Read by the config checks."""
     PREV_LOGPROBS = "prev_logprobs"
-    """estimator: needs the training engine's logprobs of the sampled tokens (``prev_logprobs`` in
-    ``compute_advantages``' extras), and so cannot be combined with
+    """estimator: needs the training engine's logprobs of the sampled tokens
+    (``AdvantageInput.prev_logprobs``), and so cannot be combined with
     ``loss_fn.seq_logprob_error_in_loss``. Read by the config checks."""
     TEACHER_LOGPROBS = "teacher_logprobs"
-    """estimator: needs a teacher model's logprobs (``teacher_logprobs`` in the extras); the run
+    """estimator: needs a teacher model's logprobs (``AdvantageInput.teacher_logprobs``); the run
     builds the teacher (``on_policy_distillation.teacher_model``, required) only for such an
     estimator. Read by the config checks and the trainer."""
     MULTI_TURN = "multi_turn"

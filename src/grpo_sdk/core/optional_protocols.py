@@ -139,13 +139,39 @@ class ReportsMetrics(Protocol):
             def __init__(self, config, context):
                 self.last_metrics: dict[str, float] = {}
 
-            def compute_advantages(self, rewards, group_ids, mask, **extras):
+            def compute_advantages(self, batch):
                 ...
                 self.last_metrics = {"on_policy_distillation/adv_mean": float(adv.mean())}
                 return adv
     """
 
     last_metrics: dict[str, float]
+
+
+@runtime_checkable
+class ExportsMergedModel(Protocol):
+    """A policy *class* whose checkpoints may hold adapters only (LoRA: ``policy.lora``) and which can
+    write such a checkpoint as a standalone Hugging Face model directory, the adapters folded into the
+    base. ``grpoctl export`` (``grpo_sdk.export_model``) builds no policy: it finds the class of the run's
+    ``policy.backend`` (in ``config.resolved.yaml``) and calls this on it, so make it a ``staticmethod``
+    or ``classmethod``. A checkpoint that is a model directory already (every weight trained) is copied
+    as it is, and ``--lora adapter`` copies the adapter directory: neither calls it.
+
+    ``export_merged(policy_dir, out)`` gets the checkpoint's policy directory (what ``save_checkpoint``
+    wrote) and ``out``, a directory that does not exist yet; it writes config, weights and the
+    checkpoint's tokenizer files there, no optimizer state.
+
+    Example (the built-in ``hf`` policy)::
+
+        class HFPolicy:
+            @staticmethod
+            def export_merged(policy_dir: str, out: str) -> None:
+                lora.export_merged(Path(policy_dir), Path(out))   # peft's merge_and_unload
+
+        isinstance(HFPolicy, ExportsMergedModel)   # True: asked of the class
+    """
+
+    def export_merged(self, policy_dir: str, out: str) -> None: ...
 
 
 @runtime_checkable

@@ -24,6 +24,7 @@ from grpo_sdk.core.optional_protocols import (  # noqa: F401 - re-exported
     AsyncGeneration,
     Checkpointable,
     DeclaresRewardComponents,
+    ExportsMergedModel,
     PausesForRefit,
     PromptSampler,
     ReceivesBroadcast,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from grpo_sdk.core.records import (
+        AdvantageInput,
         EnvironmentReturn,
         GenerationInput,
         GenerationOutput,
@@ -161,21 +163,23 @@ class Environment(Protocol):
 class AdvantageEstimator(Protocol):
     """Turns rewards into per-token advantages. Pure torch, no I/O.
 
-    ``rewards`` is ``[B]``, ``group_ids`` ``[B]`` (rows of one prompt share an id), ``mask``
-    ``[B, S]`` (token mask times sample mask). ``extras`` carries what some estimators need:
-    ``reward_components`` (dict of ``[B]``), ``valid_mask`` (``[B]`` bool, rows whose reward
-    is usable), ``prev_logprobs``, ``reference_logprobs``, ``teacher_logprobs``, ``metadata``.
-    An estimator takes what it needs and ignores the rest, so a new extra breaks nobody.
+    ``batch`` is an ``AdvantageInput`` (``grpo_sdk.core.records``): ``rewards`` ``[B]``,
+    ``group_ids`` ``[B]`` (rows of one prompt share an id), ``mask`` ``[B, S]`` (token mask times
+    sample mask), and what some estimators need: ``reward_components``, ``valid_mask``, the
+    logprob tensors, ``metadata``. Returns ``[B, S]`` advantages.
+
+    Plugin API 1's form, ``compute_advantages(rewards, group_ids, mask, **extras)``, still works
+    (docs/compatibility.md): the registry adapts such an estimator with a DeprecationWarning.
 
     Example::
 
         est = GRPOEstimator(GRPOEstimatorConfig(use_leave_one_out_baseline=False), context)
-        est.compute_advantages(torch.tensor([2., 2., 1., 3.]), torch.tensor([0, 0, 1, 1]),
-                               torch.ones(4, 3))
+        est.compute_advantages(AdvantageInput(rewards=torch.tensor([2., 2., 1., 3.]),
+                                              group_ids=torch.tensor([0, 0, 1, 1]), mask=torch.ones(4, 3)))
         # rows: [0, 0, 0], [0, 0, 0], [-0.7071]*3, [0.7071]*3
     """
 
-    def compute_advantages(self, rewards: Tensor, group_ids: Tensor, mask: Tensor, **extras: Any) -> Tensor:
+    def compute_advantages(self, batch: AdvantageInput) -> Tensor:
         ...
 
 

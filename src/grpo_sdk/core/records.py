@@ -149,12 +149,41 @@ class EnvironmentReturn:
     flags: list[Sequence[str]] | None = None
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class AdvantageInput:
+    """What an advantage estimator gets for one step (``TrainBatch.advantage_input()``).
+
+    ``mask`` is the token mask times the sample mask: the tokens that train. The rest is what some
+    estimators need and others ignore: ``reward_components`` (name -> ``[B]``, as the environment
+    returned them; GDPO normalises each), ``valid_mask`` (``[B]`` bool, rows whose reward is
+    usable: a failed or missing reward leaves its group's baseline), the logprob tensors
+    (``[B, S]``, input-aligned; ``prev_logprobs`` for estimators declaring the ``prev_logprobs``
+    capability, ``teacher_logprobs`` for ``teacher_logprobs``, ``reference_logprobs`` when the KL
+    penalty is on) and each row's ``metadata``. A new field always has a default, so an estimator
+    written today keeps working.
+    """
+
+    rewards: Tensor  # [B] float, total reward (after the reward pipeline)
+    group_ids: Tensor  # [B] long
+    mask: Tensor  # [B, S] float
+    reward_components: dict[str, Tensor] = attrs.field(factory=dict)
+    valid_mask: Tensor | None = None  # [B] bool; None: every row
+    sample_mask: Tensor | None = None  # [B] float
+    generation_logprobs: Tensor | None = None
+    prev_logprobs: Tensor | None = None
+    reference_logprobs: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
+    metadata: Sequence[dict[str, Any]] = ()
+
+
 @attrs.define(kw_only=True, eq=False)
 class TrainBatch:
-    """Everything the policy and the loss see for one GRPO step.
+    """The step record: everything the estimator, the loss and the policy see for one GRPO step.
 
-    The training loop fills ``prev_logprobs``, ``reference_logprobs`` and ``advantages`` as the
-    step proceeds; a policy backend slices the batch into micro-batches with ``rows``.
+    The rollout builds it (tokens, masks, rewards and their components, validity, the episodes);
+    the training loop fills ``prev_logprobs``, ``reference_logprobs``, ``teacher_logprobs`` and
+    ``advantages`` as the step proceeds, so no stage reads an earlier record. A policy backend
+    slices it into micro-batches with ``rows``.
     """
 
     input_ids: Tensor  # [B, S] long
@@ -167,23 +196,60 @@ class TrainBatch:
     advantages: Tensor | None = None  # [B, S] float
     prev_logprobs: Tensor | None = None  # [B, S]; None: the loss uses the detached current logprobs
     reference_logprobs: Tensor | None = None  # [B, S]; None when there is no KL penalty
-    extras: dict[str, Tensor] = attrs.field(factory=dict)  # [B, ...] tensors a loss variant needs
+    # [B, ...] tensors a loss variant needs; the reward components are also here as "reward/<name>"
+    extras: dict[str, Tensor] = attrs.field(factory=dict)
+    teacher_logprobs: Tensor | None = None  # [B, S]; on-policy distillation's teacher, else None
+    reward_components: dict[str, Tensor] = attrs.field(factory=dict)  # name -> [B], as the environment returned them
+    reward_valid: Tensor | None = None  # [B] bool: False where the reward failed or was missing; None: all valid
+    truncated: Tensor | None = None  # [B] bool: reached max_new_tokens without a stop token
+    response_start: int = 0  # the column where every response starts (prompts are left-padded before it)
+    # Per row: the episode as messages (every turn, with its flags) and the prompt's metadata.
+    message_logs: Sequence[Sequence[Message]] = ()
+    metadata: Sequence[dict[str, Any]] = ()
 
     @property
     def batch_size(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def loss_mask(self) -> Tensor:
+        """``[B, S]``: the tokens that train (token mask times sample mask)."""
+        return self.token_mask * self.sample_mask[:, None]
+
+    def advantage_input(self) -> AdvantageInput:
+        return AdvantageInput(
+            rewards=self.rewards, group_ids=self.group_ids, mask=self.loss_mask,
+            reward_components=self.reward_components, valid_mask=self.reward_valid, sample_mask=self.sample_mask,
+            generation_logprobs=self.generation_logprobs, prev_logprobs=self.prev_logprobs,
+            reference_logprobs=self.reference_logprobs, teacher_logprobs=self.teacher_logprobs,
+            metadata=self.metadata)
+
     def rows(self, start: int, stop: int) -> TrainBatch:
         """Rows ``start:stop`` of every tensor (a micro-batch view, no copy)."""
-        return self._map(lambda t: t[start:stop])
+        return self._map(lambda t: t[start:stop], lambda rows: rows[start:stop])
+
+    def select(self, rows: Sequence[int]) -> TrainBatch:
+        """The ``rows`` (positions, in order) of every tensor: a copy."""
+        import torch  # records import no torch at module level
+
+        index = torch.tensor(list(rows), dtype=torch.long)
+        return self._map(lambda t: t[index.to(t.device)], lambda per_row: [per_row[i] for i in rows] if per_row else per_row)
 
     def to(self, device: Any) -> TrainBatch:
-        return self._map(lambda t: t.to(device))
+        return self._map(lambda t: t.to(device), lambda rows: rows)
 
-    def _map(self, fn) -> TrainBatch:
-        fields = {f.name: getattr(self, f.name) for f in attrs.fields(TrainBatch) if f.name != "extras"}
-        return TrainBatch(**{k: None if t is None else fn(t) for k, t in fields.items()},
-                          extras={k: fn(t) for k, t in self.extras.items()})
+    def _map(self, fn, per_row) -> TrainBatch:
+        mapped = {}
+        for field in attrs.fields(TrainBatch):
+            value = getattr(self, field.name)
+            if isinstance(value, dict):
+                value = {k: fn(t) for k, t in value.items()}
+            elif field.name in ("message_logs", "metadata"):
+                value = per_row(value)
+            elif value is not None and field.name != "response_start":
+                value = fn(value)
+            mapped[field.name] = value
+        return TrainBatch(**mapped)
 
 
 @attrs.frozen(kw_only=True)

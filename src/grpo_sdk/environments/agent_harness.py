@@ -11,7 +11,7 @@ The agent talks to the policy at ``task.base_url`` (an OpenAI-compatible endpoin
 rollout's session: the openai SDK, LangChain, curl, anything that takes a base URL) and returns
 its reward: a number, a dict of named components, ``{"reward": ..., "metrics": {...}}``, or an
 ``AgentResult``. The trainer builds the episode from the tokens the endpoint recorded for the
-session (``trainer.agent_rollouts``). Each rollout has ``timeout_s``; at most ``max_concurrency``
+session (``rollouts.agent_rollouts``). Each rollout has ``timeout_s``; at most ``max_concurrency``
 run at once. A rollout that raises, times out or returns no usable reward fails, and
 ``env.on_reward_error`` decides what that does.
 """
@@ -95,7 +95,7 @@ class AgentHarness:
     def _resolve(self) -> Any:
         with self._lock:
             if self._agent is None:
-                from grpo_sdk.environments.reward_functions import resolve
+                from grpo_sdk.environments.callables import resolve
 
                 self._agent = resolve(self.config.agent, "env.agent.agent")
             return self._agent

@@ -26,16 +26,43 @@ outcome into the metrics (``env/sandbox_passed``, ...). What the sandbox holds: 
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from typing import Any, Sequence
 
-from grpo_sdk.environments.sandbox import OUTCOMES, Sandbox, SandboxResult
+from grpo_sdk.environments.sandbox import OUTCOMES, Sandbox, SandboxError, SandboxResult
 from grpo_sdk.environments.specs import CodeEnvConfig
-from grpo_sdk.plugins import EnvironmentReturn, MessageLog
+from grpo_sdk.plugins import ConfigError, EnvironmentReturn, MessageLog
+from grpo_sdk.plugins.toolkit import MasterConfig
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 PYTHON_TAGS = frozenset({"", "python", "py", "python3"})
 STDERR_TAIL = 400  # characters of a snippet's stderr kept in its metadata
+
+
+def check_code_env(config: MasterConfig, options: CodeEnvConfig | None, registry: Any) -> list[tuple[str, str]]:
+    """The ``env.code`` check (``CODE.check``): beside the environment rather than in ``specs``, as it
+    tries the sandbox out, and the sandbox is configured by ``specs.CodeEnvConfig``."""
+    options = options or CodeEnvConfig()
+    problems = []
+    if options.python and not (os.path.isabs(options.python) and os.access(options.python, os.X_OK)):
+        found = shutil.which(options.python)
+        problems.append(("env.code.python", f"{options.python!r} is not an executable file; give its absolute path"
+                         + (f", e.g. {found}" if found else "")))
+    if options.cpu_s > options.timeout_s:
+        problems.append(("env.code.cpu_s", f"{options.cpu_s} CPU seconds can never be used within the "
+                         f"{options.timeout_s:g} s of env.code.timeout_s; set cpu_s <= timeout_s"))
+    if problems:
+        return problems
+    # The sandbox tries itself out now, so a machine that cannot isolate it fails `config validate`.
+    try:
+        Sandbox(options).close()
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except SandboxError as exc:
+        problems.append(("env.code", str(exc)))
+    return problems
 
 
 def extract_code(text: str) -> tuple[str, bool]:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from grpo_sdk.plugins import ComponentSpec, EndpointConfig, option
+
+if TYPE_CHECKING:
+    from grpo_sdk.plugins.toolkit import MasterConfig
 
 NEMO_GYM_VERSION = "0.4.0"  # what .ci/nemo-gym-venv installs and the plugin is tested with
 PYTHON_ENV = "GRPO_SDK_NEMO_GYM_PYTHON"
@@ -105,7 +108,7 @@ def check_python(python: Path, configured: bool) -> str | None:
     return None
 
 
-def check_nemo_gym(config: Any, options: NemoGymConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_nemo_gym(config: MasterConfig, options: NemoGymConfig | None, registry: Any) -> list[tuple[str, str]]:
     options = options or NemoGymConfig()
     problems = []
     problem = check_python(resolve_python(options), configured=options.python is not None)

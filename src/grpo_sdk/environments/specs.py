@@ -6,13 +6,13 @@ needs no dataset (synthetic tasks), for training or validation.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import attrs
 
+from grpo_sdk.environments.callables import FUNCTION_ENTRY, LOCAL_REFERENCE, resolve
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import MAX_THREADS, MAX_TOKENS
+from grpo_sdk.plugins.toolkit import MAX_THREADS, MAX_TOKENS, MasterConfig
 from grpo_sdk.plugins import ComponentSpec
 
 
@@ -70,12 +70,6 @@ MATH = ComponentSpec(
 )
 
 
-# "module:function" (dotted on both sides: "pkg.rewards:Rewards.score"), or a process-local
-# reference to a callable passed through the Python API ("callable:<name>#<n>").
-FUNCTION_ENTRY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-LOCAL_REFERENCE = re.compile(r"^callable:[^#\s]+#\d+$")
-
-
 NO_FUNCTIONS = "is empty: name at least one reward function as 'module:function', e.g. [my_rewards:correctness]"
 
 
@@ -102,7 +96,8 @@ class RewardFunctionsConfig:
         return len(self.functions)
 
 
-def check_reward_functions(config: Any, options: RewardFunctionsConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_reward_functions(config: MasterConfig, options: RewardFunctionsConfig | None,
+                           registry: Any) -> list[tuple[str, str]]:
     if options is None or not options.functions:  # a default is not validated: an absent key lands here
         return [("env.reward_functions.functions", NO_FUNCTIONS)]
     return function_problems(options.functions, options.weights, "env.reward_functions.functions",
@@ -117,14 +112,13 @@ def function_problems(functions: list[str], weights: list[float] | None, key: st
     if weights is not None and len(weights) != len(functions):
         problems.append((weights_key, f"{len(weights)} weights for {len(functions)} functions ({key}); give one "
                          "weight per function, in the same order, or null for all 1.0"))
-    # Imported now, so `config validate` and the start of `run` find a missing module or function,
-    # not the first step after the model loaded.
-    from grpo_sdk.environments.reward_functions import resolve
     from grpo_sdk.plugins import ConfigError, PluginError
 
     for i, entry in enumerate(functions):
         at = f"{key}[{i}]"
         try:
+            # Imported now, so `config validate` and the start of `run` find a missing module or
+            # function, not the first step after the model loaded.
             resolve(entry, at)
         except ConfigError as exc:
             problems.extend((at, message) for _, message in exc.problems)
@@ -227,7 +221,7 @@ def classifier_problem(model_config: dict[str, Any]) -> str | None:
             "model); loading it as one would score with a randomly initialised head. Use a reward model")
 
 
-def check_reward_model(config: Any, options: RewardModelConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_reward_model(config: MasterConfig, options: RewardModelConfig | None, registry: Any) -> list[tuple[str, str]]:
     """The model source, the label choice and the rule functions, from files only: no model is loaded."""
     import json
     from pathlib import Path
@@ -324,40 +318,12 @@ class CodeEnvConfig:
                          "packages importable).")
 
 
-def check_code_env(config: Any, options: CodeEnvConfig | None, registry: Any) -> list[tuple[str, str]]:
-    import os
-    import shutil
-
-    options = options or CodeEnvConfig()
-    problems = []
-    if options.python and not (os.path.isabs(options.python) and os.access(options.python, os.X_OK)):
-        found = shutil.which(options.python)
-        problems.append(("env.code.python", f"{options.python!r} is not an executable file; give its absolute path"
-                         + (f", e.g. {found}" if found else "")))
-    if options.cpu_s > options.timeout_s:
-        problems.append(("env.code.cpu_s", f"{options.cpu_s} CPU seconds can never be used within the "
-                         f"{options.timeout_s:g} s of env.code.timeout_s; set cpu_s <= timeout_s"))
-    if problems:
-        return problems
-    # The sandbox tries itself out now, so a machine that cannot isolate it fails `config validate`.
-    from grpo_sdk.environments.sandbox import Sandbox, SandboxError
-    from grpo_sdk.plugins import ConfigError
-
-    try:
-        Sandbox(options).close()
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    except SandboxError as exc:
-        problems.append(("env.code", str(exc)))
-    return problems
-
-
 CODE = ComponentSpec(
     name="code",
     kind="environment",
     impl="grpo_sdk.environments.code_env:CodeEnvironment",
     config="grpo_sdk.environments.specs:CodeEnvConfig",
-    check="grpo_sdk.environments.specs:check_code_env",
+    check="grpo_sdk.environments.code_env:check_code_env",
     metrics={"sandbox_passed", "sandbox_failed", "sandbox_timeout", "sandbox_killed", "sandbox_error",
              "test_pass_rate", "fenced_fraction"},
     summary="Python code scored against tests in a sandbox (a process each, resource limits, no network); reward 1 "
@@ -386,7 +352,7 @@ class CalculatorConfig:
         "scored against the reference solution's turn, a process reward (docs/tools.md).")
 
 
-def check_calculator(config: Any, options: CalculatorConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_calculator(config: MasterConfig, options: CalculatorConfig | None, registry: Any) -> list[tuple[str, str]]:
     options = options or CalculatorConfig()
     problems = []
     if options.reward == "reference" and options.tool_parser != "digits":
@@ -431,7 +397,7 @@ class AgentHarnessConfig:
     endpoint: EndpointConfig = option(factory=EndpointConfig, help="The rollout endpoint the agents talk to.")
 
 
-def check_agent(config: Any, options: AgentHarnessConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_agent(config: MasterConfig, options: AgentHarnessConfig | None, registry: Any) -> list[tuple[str, str]]:
     target = "" if options is None else options.agent
     if not target:
         return [(AGENT_KEY, "name the agent: 'module:function' or an http(s):// URL (docs/agents.md)")]
@@ -439,7 +405,6 @@ def check_agent(config: Any, options: AgentHarnessConfig | None, registry: Any) 
         return []
     if ":" not in target:
         return [(AGENT_KEY, f"{target!r} is neither 'module:function' nor an http(s):// URL")]
-    from grpo_sdk.environments.reward_functions import resolve
     from grpo_sdk.plugins import ConfigError, PluginError
 
     try:

@@ -22,32 +22,33 @@ scalar the loop summed them into (and any weighting that sum used) plays no part
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grpo_sdk.estimators.grpo import grpo_advantages64
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig
-from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins import AdvantageInput, RunContext
 from grpo_sdk.plugins.tensors import whiten
+from grpo_sdk.plugins.toolkit import advantage_input
 
 
 class GDPOEstimator:
     """Example::
 
         est = GDPOEstimator(GDPOEstimatorConfig(use_leave_one_out_baseline=False), context=None)
-        est.compute_advantages(torch.zeros(2), torch.tensor([0, 0]), torch.ones(2, 3), reward_components={
+        est.compute_advantages(AdvantageInput(
+            rewards=torch.zeros(2), group_ids=torch.tensor([0, 0]), mask=torch.ones(2, 3), reward_components={
             "correctness": torch.tensor([1., 1.]), "format": torch.tensor([1., 0.]),
-            "integer": torch.tensor([1., -1.])})
+            "integer": torch.tensor([1., -1.])}))
         # rows: [0.7071]*3, [-0.7071]*3
     """
 
     def __init__(self, config: GDPOEstimatorConfig | None, context: RunContext | None):
         self.config = config or GDPOEstimatorConfig()
 
-    def compute_advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                           **extras: Any) -> torch.Tensor:
-        components: dict[str, torch.Tensor] = extras.get("reward_components") or {}
+    @advantage_input
+    def compute_advantages(self, batch: AdvantageInput) -> torch.Tensor:
+        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask
+        components: dict[str, torch.Tensor] = batch.reward_components
         names = sorted(components)
         if len(names) < 2:
             raise ValueError(
@@ -63,7 +64,7 @@ class GDPOEstimator:
                 f"grpo.adv_estimator.reward_weights has {len(weights)} entries but the batch has {len(names)} "
                 f"reward components {names}; give exactly one weight per component, in that (alphabetical) order.")
 
-        valid = extras.get("valid_mask")
+        valid = batch.valid_mask
         total: torch.Tensor | None = None
         dtype: torch.dtype | None = None  # of the result: the components' common float dtype
         for name, weight in zip(names, weights):  # a handful of components: the loop is not over samples

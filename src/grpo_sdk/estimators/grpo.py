@@ -19,13 +19,12 @@ amplifies up to a million-fold. The result is rounded to the rewards' dtype once
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
-from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins import AdvantageInput, RunContext
 from grpo_sdk.plugins.tensors import GroupLayout, shifted_moments
+from grpo_sdk.plugins.toolkit import advantage_input
 
 
 def group_statistics(rewards: torch.Tensor, group_ids: torch.Tensor, valid_mask: torch.Tensor | None = None,
@@ -94,7 +93,8 @@ class GRPOEstimator:
     """Example::
 
         est = GRPOEstimator(GRPOEstimatorConfig(use_leave_one_out_baseline=False), context=None)
-        est.compute_advantages(torch.tensor([2., 2., 1., 3.]), torch.tensor([0, 0, 1, 1]), torch.ones(4, 3))
+        est.compute_advantages(AdvantageInput(rewards=torch.tensor([2., 2., 1., 3.]),
+                                              group_ids=torch.tensor([0, 0, 1, 1]), mask=torch.ones(4, 3)))
         # tensor([[ 0.0000,  0.0000,  0.0000], [ 0.0000,  0.0000,  0.0000],
         #         [-0.7071, -0.7071, -0.7071], [ 0.7071,  0.7071,  0.7071]])
     """
@@ -102,9 +102,10 @@ class GRPOEstimator:
     def __init__(self, config: GRPOEstimatorConfig | None, context: RunContext | None):
         self.config = config or GRPOEstimatorConfig()
 
-    def compute_advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                           **extras: Any) -> torch.Tensor:
-        valid = extras.get("valid_mask")
+    @advantage_input
+    def compute_advantages(self, batch: AdvantageInput) -> torch.Tensor:
+        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask
+        valid = batch.valid_mask
         advantages = grpo_advantages(rewards, group_ids, normalize_rewards=self.config.normalize_rewards,
                                      leave_one_out=self.config.use_leave_one_out_baseline,
                                      valid_mask=None if valid is None else valid.to(rewards.dtype))

@@ -22,12 +22,11 @@ valid token), all 0 when no token is valid.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins import AdvantageInput, RunContext
+from grpo_sdk.plugins.toolkit import advantage_input
 
 PREFIX = "on_policy_distillation/"
 
@@ -45,8 +44,9 @@ class OPDEstimator:
     """Example::
 
         est = OPDEstimator(None, context=None)
-        est.compute_advantages(torch.zeros(1), torch.zeros(1), torch.tensor([[1., 1., 0.]]),
-                               teacher_logprobs=torch.zeros(1, 3), prev_logprobs=torch.full((1, 3), -1.))
+        est.compute_advantages(AdvantageInput(
+            rewards=torch.zeros(1), group_ids=torch.zeros(1), mask=torch.tensor([[1., 1., 0.]]),
+            teacher_logprobs=torch.zeros(1, 3), prev_logprobs=torch.full((1, 3), -1.)))
         # tensor([[1., 1., 0.]]); est.last_metrics["on_policy_distillation/adv_mean"] == 1.0
     """
 
@@ -54,9 +54,10 @@ class OPDEstimator:
         self.config = config
         self.last_metrics: dict[str, float] = {}
 
-    def compute_advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                           **extras: Any) -> torch.Tensor:
-        teacher, prev = extras.get("teacher_logprobs"), extras.get("prev_logprobs")
+    @advantage_input
+    def compute_advantages(self, batch: AdvantageInput) -> torch.Tensor:
+        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask
+        teacher, prev = batch.teacher_logprobs, batch.prev_logprobs
         if teacher is None:
             raise ValueError("the opd estimator needs teacher_logprobs: set on_policy_distillation.teacher_model "
                              "to the teacher's model directory or checkpoint (same tokenizer as the policy)")

@@ -29,22 +29,21 @@ and two on inputs upstream mishandles silently:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grpo_sdk.estimators.grpo import grpo_advantages
 from grpo_sdk.estimators.specs import ReinforcePlusPlusConfig
-from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins import AdvantageInput, RunContext
 from grpo_sdk.plugins.tensors import calculate_kl, whiten
-from grpo_sdk.plugins.toolkit import LossConfig
+from grpo_sdk.plugins.toolkit import LossConfig, advantage_input
 
 
 class ReinforcePlusPlusEstimator:
     """Example::
 
         est = ReinforcePlusPlusEstimator(None, context=None)
-        est.compute_advantages(torch.tensor([0., 1., 2., 3.]), torch.zeros(4, dtype=torch.long), torch.ones(4, 2))
+        est.compute_advantages(AdvantageInput(rewards=torch.tensor([0., 1., 2., 3.]),
+                                              group_ids=torch.zeros(4, dtype=torch.long), mask=torch.ones(4, 2)))
         # rows: [-1.3416]*2, [-0.4472]*2, [0.4472]*2, [1.3416]*2
     """
 
@@ -54,10 +53,11 @@ class ReinforcePlusPlusEstimator:
         # without use_kl_in_reward, put the KL into the loss instead.
         self.loss_config: LossConfig = context.config.loss_fn if context is not None else LossConfig()
 
-    def compute_advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                           **extras: Any) -> torch.Tensor:
+    @advantage_input
+    def compute_advantages(self, batch: AdvantageInput) -> torch.Tensor:
+        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask
         if self.config.minus_baseline:
-            valid = extras.get("valid_mask")
+            valid = batch.valid_mask
             advantages = grpo_advantages(rewards, group_ids, normalize_rewards=False, leave_one_out=False,
                                          valid_mask=None if valid is None else valid.to(rewards.dtype))
         else:
@@ -67,7 +67,7 @@ class ReinforcePlusPlusEstimator:
         loss = self.loss_config
         beta = loss.reference_policy_kl_penalty
         if loss.use_kl_in_reward and beta != 0:
-            prev, reference = extras.get("prev_logprobs"), extras.get("reference_logprobs")
+            prev, reference = batch.prev_logprobs, batch.reference_logprobs
             missing = [name for name, x in (("prev_logprobs", prev), ("reference_logprobs", reference)) if x is None]
             if missing:
                 raise ValueError(

@@ -16,19 +16,19 @@ Edge cases (inherited from the shared baseline helper in ``grpo.py``):
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from grpo_sdk.estimators.grpo import grpo_advantages
-from grpo_sdk.plugins import RunContext
+from grpo_sdk.plugins import AdvantageInput, RunContext
+from grpo_sdk.plugins.toolkit import advantage_input
 
 
 class RLOOEstimator:
     """Example::
 
         est = RLOOEstimator(None, context=None)
-        est.compute_advantages(torch.tensor([1., 0., 0., 0.]), torch.zeros(4, dtype=torch.long), torch.ones(4, 2))
+        est.compute_advantages(AdvantageInput(rewards=torch.tensor([1., 0., 0., 0.]),
+                                              group_ids=torch.zeros(4, dtype=torch.long), mask=torch.ones(4, 2)))
         # rows: [1, 1], [-1/3, -1/3], [-1/3, -1/3], [-1/3, -1/3]
     """
 
@@ -36,9 +36,10 @@ class RLOOEstimator:
         # RLOO has no options: its whole point is the fixed leave-one-out, unnormalised form.
         self.config = config
 
-    def compute_advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
-                           **extras: Any) -> torch.Tensor:
-        valid = extras.get("valid_mask")
+    @advantage_input
+    def compute_advantages(self, batch: AdvantageInput) -> torch.Tensor:
+        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask
+        valid = batch.valid_mask
         advantages = grpo_advantages(rewards, group_ids, normalize_rewards=False, leave_one_out=True,
                                      valid_mask=None if valid is None else valid.to(rewards.dtype))
         # Broadcast unmasked, as NeMo-RL does; the loss applies the token mask.

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import attrs
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_sdk.plugins import ComponentSpec, DeclaresRewardComponents, option
+
+if TYPE_CHECKING:
+    from grpo_sdk.plugins.toolkit import MasterConfig
 
 MULTI_REWARD_HINT = ("use an environment whose reward has several named components: "
                      "env.reverse_digits.format_weight=0.1 (correct_digits and format), or env.name=reward_functions "
@@ -37,7 +40,7 @@ class GDPOEstimatorConfig:
                                                 "order of their names; null weighs all 1.")
 
 
-def check_gdpo(config: Any, options: GDPOEstimatorConfig | None, registry: Any) -> list[tuple[str, str]]:
+def check_gdpo(config: MasterConfig, options: GDPOEstimatorConfig | None, registry: Any) -> list[tuple[str, str]]:
     """gdpo against the environment's reward components, when its config block declares how many
     (``DeclaresRewardComponents``): at least two, and one weight per component."""
     env = config.env

@@ -14,11 +14,14 @@ Select loggers with ``logger.loggers`` and configure each one in its own block::
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from grpo_sdk.plugins import ComponentSpec, option
+
+if TYPE_CHECKING:
+    from grpo_sdk.plugins.toolkit import MasterConfig
 
 JSONL = ComponentSpec(
     name="jsonl",
@@ -97,7 +100,7 @@ MLFLOW = ComponentSpec(
 )
 
 
-def flat_config(config: Any) -> dict[str, Any]:
+def flat_config(config: MasterConfig) -> dict[str, Any]:
     """The resolved run config as ``{"grpo.seed": 42, "policy.optimizer.lr": 5e-06, ...}``.
 
     W&B and MLflow both record it: dotted keys keep every value a scalar or a short list, which

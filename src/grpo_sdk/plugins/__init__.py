@@ -23,7 +23,7 @@ A minimal third-party estimator package::
     import torch
     class MedianBaseline:
         def __init__(self, config, context): ...
-        def compute_advantages(self, rewards, group_ids, mask, **extras):
+        def compute_advantages(self, batch: AdvantageInput):
             ...
             return advantages  # [B, S]
 
@@ -51,6 +51,7 @@ from grpo_sdk.core.protocols import (
     Checkpointable,
     DeclaresRewardComponents,
     Environment,
+    ExportsMergedModel,
     Generation,
     Logger,
     LossFunction,
@@ -72,6 +73,7 @@ from grpo_sdk.core.protocols import (
 from grpo_sdk.core.agents import AgentResult, AgentTask, EndpointConfig, RunsAgents
 from grpo_sdk.core.multi_turn import DeclaresTools, MultiTurnEnvironment
 from grpo_sdk.core.records import (
+    AdvantageInput,
     EnvironmentReturn,
     GenerationInput,
     GenerationOutput,
@@ -95,6 +97,7 @@ from grpo_sdk.plugins.specs import (
 
 __all__ = [
     "AdvantageEstimator",
+    "AdvantageInput",
     "AgentResult",
     "AgentTask",
     "AsyncGeneration",
@@ -112,6 +115,7 @@ __all__ = [
     "EnvironmentReturn",
     "EnvironmentStepError",
     "ExitCode",
+    "ExportsMergedModel",
     "Generation",
     "GenerationInput",
     "GenerationOutput",

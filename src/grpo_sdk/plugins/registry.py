@@ -28,6 +28,7 @@ from grpo_sdk.core.errors import PluginError
 from grpo_sdk.core.imports import import_target
 from grpo_sdk.plugins.host import HookPluginInfo, PluginHost, describe_exception, strict_plugins
 from grpo_sdk.core.kinds import COMPONENT_KINDS
+from grpo_sdk.plugins.advantage_calls import adapt_estimator_class
 from grpo_sdk.plugins.specs import KINDS, SUPPORTED_PLUGIN_APIS, ComponentInfo, ComponentSpec
 
 KIND_LABELS = {kind.name: kind.label for kind in COMPONENT_KINDS}
@@ -159,10 +160,11 @@ class Registry:
         """Import the implementation of a usable component; a failing import is a PluginError."""
         spec = self.get(kind, name)
         try:
-            return import_target(spec.impl)
+            impl = import_target(spec.impl)
         except Exception as exc:  # noqa: BLE001
             raise PluginError(f"{KIND_LABELS[kind]} {name!r} failed to import its implementation "
                               f"{spec.impl}: {describe_exception(exc)}") from exc
+        return adapt_estimator_class(impl, name) if kind == "estimator" else impl
 
     def load_config_class(self, kind: str, name: str) -> type | None:
         spec = self.get(kind, name)

@@ -5,7 +5,11 @@ from a component's implementation module, never from its spec (a spec must stay 
 
 * Sampling: ``process_logits(logits, temperature, top_k, top_p)`` (the one logits transform that
   generation samples from and the policy scores with, so their logprobs agree and
-  ``token_mult_prob_error`` stays near 1) and ``token_logprobs(logits, tokens)``.
+  ``token_mult_prob_error`` stays near 1), ``token_logprobs(logits, tokens)`` and
+  ``sample_token(logits, sampling, generator)`` (one token per row drawn from that transform, with its
+  logprob: what a hand-written decoding loop reports).
+* Models: ``DTYPES`` (``policy.precision`` -> torch dtype) and ``position_ids_for(attention_mask)``
+  (positions that skip left padding, so a left-padded prompt sees the positions it would alone).
 * Advantages: ``GroupLayout`` (rows grouped by prompt), ``shifted_moments`` (numerically careful
   weighted mean and variance), ``whiten``, ``masked_mean`` and ``calculate_kl`` (k1/k2/k3
   estimators of the KL divergence, as the loss computes it).
@@ -24,17 +28,30 @@ Example (a generation backend sampling one token and reporting its logprob)::
 
 from __future__ import annotations
 
+import torch
+
 from grpo_sdk.algorithms.loss import calculate_kl, masked_mean
-from grpo_sdk.algorithms.sampling import process_logits, token_logprobs
+from grpo_sdk.algorithms.sampling import process_logits, sample_token, token_logprobs
 from grpo_sdk.algorithms.statistics import GroupLayout, shifted_moments, whiten
 from grpo_sdk.core.weights import read_weights, write_weights
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, so a left-padded prompt sees the positions it would alone."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 __all__ = [
+    "DTYPES",
     "GroupLayout",
     "calculate_kl",
     "masked_mean",
+    "position_ids_for",
     "process_logits",
     "read_weights",
+    "sample_token",
     "shifted_moments",
     "token_logprobs",
     "whiten",

@@ -28,10 +28,17 @@ neither torch nor transformers nor ray; the functions that need them import them
   line); ``join_process_group`` / ``leave_process_group`` / ``host_store``: a weight-update
   process group built as the engines build theirs (SGLang's ``init_custom_process_group``), for
   a trainer's rank 0 or an engine-side receiver.
+* Estimators: ``advantage_input``, the decorator for ``compute_advantages(self, batch:
+  AdvantageInput)`` that also accepts plugin API 1's call ``(rewards, group_ids, mask, **extras)``
+  (with a DeprecationWarning), as every built-in estimator does.
 * Async code: ``background_event_loop`` (an asyncio loop running on its own daemon thread, for
   components whose caller may already run a loop, as in Jupyter).
 * User code: ``import_module_here_too`` (a module the user names, e.g. ``my_rewards``, found
   among installed packages first, then in the current directory, for that import only).
+* Colocation: ``publish_policy(context, policy)`` / ``published_policy(context)`` /
+  ``forget_policy(context)``: a generation backend that can sample with its policy's own model (both
+  in one process, ``cluster.runtime=local``) finds the policy the runtime built first with the same
+  ``RunContext``, instead of loading a second copy (weakly held; the first policy published wins).
 * The machine: ``pick_device`` (``cluster.device`` -> ``"cpu"``/``"cuda"``), ``node_ip`` (this
   node's address), ``free_port``, and, for weight-sync transports running code in Ray workers
   (``grpo_sdk.plugins.WorkerGroup``), ``tcp_store`` (a ``TCPStore`` served on the node's
@@ -54,6 +61,7 @@ from typing import Any
 
 from grpo_sdk.config.schema import MAX_THREADS, MAX_TOKENS, LossConfig, MasterConfig, RemovedOption, non_negative, positive
 from grpo_sdk.config.checks.model import model_facts
+from grpo_sdk.core.colocation import forget_policy, publish_policy, published_policy
 from grpo_sdk.core.engines import HTTPClient, require_engine
 from grpo_sdk.core.process_groups import host_store, join_process_group, leave_process_group
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
@@ -61,6 +69,7 @@ from grpo_sdk.core.imports import import_module_here_too
 from grpo_sdk.core.machine import free_port, node_ip, pick_device, tcp_store
 from grpo_sdk.core.metrics import average_optimizer_steps, sum_micro_batches
 from grpo_sdk.core.models import check_model_source, load_pretrained, load_tokenizer
+from grpo_sdk.plugins.advantage_calls import advantage_input
 
 
 def dump_config(config: Any) -> Any:
@@ -101,10 +110,12 @@ __all__ = [
     "MAX_TOKENS",
     "MasterConfig",
     "RemovedOption",
+    "advantage_input",
     "average_optimizer_steps",
     "background_event_loop",
     "check_model_source",
     "dump_config",
+    "forget_policy",
     "free_port",
     "host_store",
     "fsync_dir",
@@ -118,6 +129,8 @@ __all__ = [
     "non_negative",
     "pick_device",
     "positive",
+    "publish_policy",
+    "published_policy",
     "require_engine",
     "store_address_op",
     "sum_micro_batches",

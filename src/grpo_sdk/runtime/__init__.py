@@ -13,7 +13,10 @@ A runtime has two methods::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 class LocalRuntime:
@@ -36,7 +39,7 @@ class LocalRuntime:
         pass
 
 
-def make_runtime(config: Any, registry: Any) -> Any:
+def make_runtime(config: MasterConfig, registry: Any) -> Runtime:
     """The runtime ``cluster.runtime`` selects; ``ray`` is imported only when selected."""
     if config.cluster.runtime == "ray":
         from grpo_sdk.runtime.ray_runtime import RayRuntime

@@ -255,10 +255,13 @@ class PolicyGroup(WorkerGroup):
         super().__init__(runtime, workers, collective=len(workers) > 1)
         self.role = role
 
-    def _put(self, value: Any) -> Any:
+    def _put(self, batch: Any) -> Any:
+        import attrs
         import ray
 
-        return ray.put(value) if len(self.workers) > 1 else value  # one copy in the object store for N ranks
+        # The episodes (messages, metadata) stay with the driver: the policy trains on tensors.
+        batch = attrs.evolve(batch, message_logs=(), metadata=()) if hasattr(batch, "message_logs") else batch
+        return ray.put(batch) if len(self.workers) > 1 else batch  # one copy in the object store for N ranks
 
     def logprobs(self, batch: Any) -> Any:
         return self._call_all("logprobs", self._put(batch))

@@ -7,8 +7,8 @@ placement strategy alone cannot say this: ``PACK`` puts every bundle on one node
 holds them all (always so on CPUs), and ``STRICT_SPREAD`` wants a node per bundle. Contiguous, so
 neighbouring policy ranks share a node (FSDP's collectives stay on it as far as they can), and
 without colocation the policy's ranks come first and generation's replicas after them: on two
-nodes with as many ranks as replicas, training on one node and generation on the other, as the
-seed's non-colocated layout.
+nodes with as many ranks as replicas, training on one node and generation on the other, as
+NeMo-RL's non-colocated layout.
 
 The nodes: the alive ones whose resources hold the largest block, the driver's node first (files
 it wrote read the same there), then by node id. Fewer than N is an error naming

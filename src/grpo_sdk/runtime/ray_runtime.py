@@ -50,7 +50,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -63,6 +63,9 @@ from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, PolicyGro
                                     local_sampler_factory)
 from grpo_sdk.runtime.local_cluster import LocalCluster, start_local_cluster
 from grpo_sdk.runtime.workers import ComponentWorker, WorkerSpec
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 __all__ = ["RayRuntime", "WorkerError", "Placement"]
 
@@ -102,7 +105,7 @@ class Placement:
 class RayRuntime:
     """Builds the remote components of a run on a Ray cluster; see the module docstring."""
 
-    def __init__(self, config: Any, registry: Any):
+    def __init__(self, config: MasterConfig, registry: Any):
         self.config = config
         self.cluster = config.cluster
         self.registry = registry
@@ -316,7 +319,7 @@ class RayRuntime:
                                    max_concurrency: int) -> Any:
         """One ``worker_class`` actor (a ``ComponentWorker``) on the driver's node, so files read the
         same, set up from ``spec`` within cluster.startup_timeout_s, behind a ``group_class`` proxy that
-        shuts down with the run (async GRPO's collector: grpo_sdk.trainer.collector_worker). It
+        shuts down with the run (async GRPO's collector: grpo_sdk.rollouts.collector_worker). It
         reserves no CPU: such an actor coordinates other workers, and a cluster sized for them must
         take it. ``max_concurrency``: calls that run at once (its own threads are extra)."""
         import ray

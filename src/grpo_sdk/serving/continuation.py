@@ -1,7 +1,7 @@
 """How an environment's turn continues a conversation, as token ids: computed once per turn.
 
 Shared by the two ways multi-turn episodes are played: the trainer's own turn loop
-(``trainer.episodes``: an ``Environment`` answers each assistant turn) and the rollout endpoint
+(``rollouts.episodes``: an ``Environment`` answers each assistant turn) and the rollout endpoint
 (``serving.endpoint``: an agent sends the next request of its session). Both append the same
 tokens after an assistant turn, so an episode is the same sequence whichever way it was played.
 """

@@ -64,8 +64,8 @@ class _Request:
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
-    """``[B, P]`` ids and attention mask, left-padded (the trainer's ``rollout.left_pad``; a copy, so the
-    serving layer does not depend on the trainer's)."""
+    """``[B, P]`` ids and attention mask, left-padded (``rollouts.episodes.left_pad``; a copy, so the
+    serving layer does not depend on the rollouts')."""
     import torch  # the engine runs only where generation does
 
     width = max(len(r) for r in rows)

@@ -7,7 +7,7 @@ the text of a turn it produced. It records every turn's exact ids (``Turn``), an
 request of a session arrives (its history holds one more assistant message, then new messages)
 the new prompt is the last turn's prompt + generation followed by the new messages as the chat
 template continues a conversation: the continuation multi-turn environments get
-(``trainer.episodes.EnvironmentTurns``). The training sequence of a session is then one chain of
+(``rollouts.episodes.EnvironmentTurns``). The training sequence of a session is then one chain of
 turns, each prompt extending the last turn's context, and the trainer builds the episode from
 these ids, never from re-tokenised text (``SessionLog.chain``). What the agent did to its copy of
 the history (stripped the thinking, reformatted a tool call) does not change what is trained.

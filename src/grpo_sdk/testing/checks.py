@@ -15,7 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import attrs
 
@@ -24,8 +24,12 @@ from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.kinds import COMPONENT_KINDS
 from grpo_sdk.core.multi_turn import DeclaresTools
+from grpo_sdk.plugins.advantage_calls import API1_CALL
 from grpo_sdk.plugins.registry import KIND_LABELS, Registry
 from grpo_sdk.plugins.specs import KINDS, ComponentSpec
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 SELECTORS: dict[str, str] = {kind.name: kind.selector_key for kind in COMPONENT_KINDS}
@@ -151,7 +155,7 @@ def _selector_override(kind: str, name: str) -> str:
     return f"{SELECTORS[kind]}={name}"
 
 
-def _section(cfg: Any, kind: str) -> Any:
+def _section(cfg: MasterConfig, kind: str) -> Any:
     node = cfg
     for part in SELECTORS[kind].split(".")[:-1]:
         node = getattr(node, part)
@@ -328,16 +332,21 @@ def check_protocol(kind: str, name: str, *, registry: Registry | None = None) ->
         if why:
             problems.append(f"{impl.__name__}{_bare(init)} cannot be constructed as {impl.__name__}(config, context): "
                             f"{why}")
+    api1 = impl.__dict__.get("api1_estimator")  # an estimator written for plugin API 1, adapted by the registry
     for attr, signature in required.items():
         if not callable(getattr(impl, attr, None)):
             problems.append(f"{impl.__name__} has no method {attr}{_bare(signature)} ({where[attr]})")
             continue
-        actual = _method_signature(impl, attr)
+        owner = impl
+        if attr == "compute_advantages" and api1 is not None:  # checked as written, against API 1's call
+            owner, signature = api1, API1_CALL
+            where[attr] = f"plugin API 1's {protocol.__name__} (adapted, deprecated)"
+        actual = _method_signature(owner, attr)
         why = signature_problem(signature, actual)
         if why:
             problems.append(f"{impl.__name__}.{attr}{_bare(actual)} does not fit {attr}{_bare(signature)} of "
                             f"{where[attr]}: {why}")
-        elif inspect.iscoroutinefunction(getattr(impl, attr)):
+        elif inspect.iscoroutinefunction(getattr(owner, attr)):
             problems.append(f"{impl.__name__}.{attr} is async; the training loop calls it synchronously")
     if problems:
         raise ContractError(f"{label} ({spec.impl}) does not satisfy the {protocol.__name__} protocol:\n"

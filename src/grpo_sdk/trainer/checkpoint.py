@@ -39,6 +39,7 @@ from typing import Any
 
 from grpo_sdk.config.schema import CheckpointingConfig
 from grpo_sdk.core.errors import GrpoSdkError
+from grpo_sdk.core.protocols import ExportsMergedModel
 from grpo_sdk.trainer.run_dir import fsync_dir as _fsync_dir
 from grpo_sdk.trainer.run_dir import fsync_tree
 from grpo_sdk.trainer.run_dir import write_text_atomic
@@ -267,12 +268,14 @@ def chosen_checkpoint(run_dir: Path, *, step: int | None = None, best: bool = Fa
 
 
 def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bool = False,
-                  lora: str = "merged") -> Path:
+                  lora: str = "merged", registry: Any = None) -> Path:
     """Copy a checkpoint's policy (config, safetensors, tokenizer; no optimizer) to ``out``, ready for
     from_pretrained or vLLM; the policy directory it copied. The latest checkpoint by default.
 
     A LoRA checkpoint (adapters only) becomes, with ``lora="merged"``, the base model with the adapters
-    folded in (a plain Hugging Face model directory), or with ``lora="adapter"`` peft's adapter directory.
+    folded in (a plain Hugging Face model directory: the run's policy class merges them, an
+    ``ExportsMergedModel``, found in ``registry``, default the installed plugins), or with
+    ``lora="adapter"`` peft's adapter directory.
     """
     from grpo_sdk.core.errors import ConfigError
 
@@ -287,21 +290,36 @@ def export_policy(run_dir: Path, out: Path, *, step: int | None = None, best: bo
         raise ConfigError([("--lora", f"'adapter': {policy} is not a LoRA checkpoint (the run trained every "
                             "weight); export it without --lora")])
     if is_adapter and lora == "merged":
-        from grpo_sdk.backends.hf.lora import export_merged
-
-        export_merged(policy, out)
+        exporter = policy_class(run_dir, registry)
+        if not isinstance(exporter, ExportsMergedModel):
+            raise ConfigError([("--lora", f"'merged': the policy backend that saved {policy} cannot merge its "
+                                "adapters (it is no ExportsMergedModel); export with --lora adapter")])
+        exporter.export_merged(str(policy), str(out))
     else:
         shutil.copytree(policy, out, ignore=shutil.ignore_patterns("optimizer.*"))
     return policy
 
 
-def saved_manager(run_dir: Path) -> CheckpointManager:
-    """The checkpoints of a run directory where its saved config.resolved.yaml puts them, read
-    without loading (or validating) the rest of that config; the defaults when there is none."""
+def policy_class(run_dir: Path, registry: Any = None) -> Any:
+    """The implementation class of the policy backend a run trained with (``policy.backend`` of its
+    saved config.resolved.yaml, read without validating the rest; ``hf`` when it names none)."""
+    from grpo_sdk.plugins.registry import Registry
+
+    name = (_saved_config(run_dir).get("policy") or {}).get("backend") or "hf"
+    return (registry or Registry.discover()).load_impl("policy", name)
+
+
+def _saved_config(run_dir: Path) -> dict[str, Any]:
+    """A run directory's config.resolved.yaml as plain data; empty when there is none."""
     import yaml
 
     saved = Path(run_dir) / "config.resolved.yaml"
-    raw = (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}).get("checkpointing") or {} \
-        if saved.is_file() else {}
+    return (yaml.safe_load(saved.read_text(encoding="utf-8")) or {}) if saved.is_file() else {}
+
+
+def saved_manager(run_dir: Path) -> CheckpointManager:
+    """The checkpoints of a run directory where its saved config.resolved.yaml puts them, read
+    without loading (or validating) the rest of that config; the defaults when there is none."""
+    raw = _saved_config(run_dir).get("checkpointing") or {}
     fields = {k: raw[k] for k in ("checkpoint_dir", "metric_name", "higher_is_better") if k in raw}
     return CheckpointManager(CheckpointingConfig(**fields), Path(run_dir))

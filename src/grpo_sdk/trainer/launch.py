@@ -20,12 +20,15 @@ import contextlib
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import attrs
 
 from grpo_sdk.core.errors import ConfigError
 from grpo_sdk.trainer.run_dir import RunLock, check_storage
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 SAVED_CONFIG = "config.resolved.yaml"
 # Keys a resumed run may change: how long it trains, how it logs, how often it saves. Anything
@@ -42,7 +45,7 @@ RESUMABLE_KEYS = (
 MAX_SHOWN_CHANGES = 20
 
 
-def default_run_dir(cfg: Any) -> Path:
+def default_run_dir(cfg: MasterConfig) -> Path:
     return Path(cfg.logger.log_dir) / dt.datetime.now().strftime("grpo-%Y%m%d-%H%M%S")
 
 
@@ -139,7 +142,7 @@ class OpenedRun:
             lock.release()
 
 
-def open_run(cfg: Any, run_dir: Path, *, resume: bool) -> OpenedRun:
+def open_run(cfg: MasterConfig, run_dir: Path, *, resume: bool) -> OpenedRun:
     """Check the storage, lock the run directory, and say whether there is anything to do."""
     from grpo_sdk.trainer.checkpoint import CheckpointManager
 
@@ -163,7 +166,7 @@ def open_run(cfg: Any, run_dir: Path, *, resume: bool) -> OpenedRun:
     return OpenedRun(run_dir=run_dir, resume=resume, locks=locks, finished=finished)
 
 
-def _finished_message(manager: Any, cfg: Any) -> str | None:
+def _finished_message(manager: Any, cfg: MasterConfig) -> str | None:
     """Torch-free: "already finished" when the latest checkpoint is at max_num_steps and verifies."""
     from grpo_sdk.trainer.checkpoint import STATE_FILE, verify
 
@@ -213,7 +216,7 @@ def quiet_progress_bars() -> Iterator[None]:
             undo()
 
 
-def epoch_limit(cfg: Any, prompts: Any) -> int | None:
+def epoch_limit(cfg: MasterConfig, prompts: Any) -> int | None:
     """The step at which a single dataset's epochs run out, when that is before grpo.max_num_steps."""
     grpo = cfg.grpo
     size = len(getattr(prompts, "prompts", None) or [])
@@ -223,7 +226,7 @@ def epoch_limit(cfg: Any, prompts: Any) -> int | None:
     return steps if steps < grpo.max_num_steps else None
 
 
-def epoch_note(cfg: Any, prompts: Any) -> str | None:
+def epoch_note(cfg: MasterConfig, prompts: Any) -> str | None:
     steps = epoch_limit(cfg, prompts)
     if steps is None:
         return None
@@ -234,7 +237,7 @@ def epoch_note(cfg: Any, prompts: Any) -> str | None:
             f"grpo.max_num_epochs={needed} trains them all")
 
 
-def run_trainer(cfg: Any, opened: OpenedRun, registry: Any, *, on_setup: Callable[[Any], None] | None = None,
+def run_trainer(cfg: MasterConfig, opened: OpenedRun, registry: Any, *, on_setup: Callable[[Any], None] | None = None,
                 on_step: Callable[[int, dict[str, float]], None] | None = None) -> Any:
     """Build the trainer in an opened run directory, train, shut down; the RunSummary.
 

@@ -19,10 +19,13 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grpo_sdk.core.errors import ConfigError, ExitCode, GrpoSdkError
 from grpo_sdk.core.files import fsync_dir, fsync_tree, write_text_atomic  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 LOCK_FILE = ".lock"
 
@@ -166,7 +169,7 @@ def initial_model_path(model_name: str, run_dir: str | Path, seed: int, key: str
     return str(out)
 
 
-def checkpoint_bytes(model_path: str, cfg: Any) -> int:
+def checkpoint_bytes(model_path: str, cfg: MasterConfig) -> int:
     """About what one checkpoint of this model takes: weights, plus AdamW's two moments when saved."""
     path = Path(model_path)
     weights = sum(p.stat().st_size for p in path.glob("*.safetensors")) + sum(

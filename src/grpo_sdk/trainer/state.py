@@ -12,10 +12,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.config.context import RunContext
+    from grpo_sdk.core.protocols import AdvantageEstimator, Environment, Generation, Logger, Policy, WeightSync
     from grpo_sdk.core.records import SamplingParams
-    from grpo_sdk.trainer.step_rollouts import StepRollouts
+    from grpo_sdk.data.prompt_sources import DatasetPrompts, EnvironmentPrompts, MixturePrompts
+    from grpo_sdk.data.prompts import Prompt
+    from grpo_sdk.rollouts.step_rollouts import StepRollouts
+    from grpo_sdk.runtime import Runtime
 
 REWARD_TAIL = 10  # the summary's reward_last is the mean over this many last steps
 
@@ -55,19 +61,19 @@ class Components:
     """What ``setup`` built for the run, and what the step derives once from the config."""
 
     context: RunContext
-    runtime: Any
-    policy: Any
-    generation: Any
-    environment: Any
-    estimator: Any
-    weight_sync: Any
+    runtime: Runtime
+    policy: Policy
+    generation: Generation
+    environment: Environment
+    estimator: AdvantageEstimator
+    weight_sync: WeightSync
     loss_fn: ClippedPGLoss
-    teacher: Any  # on-policy distillation's teacher policy, or None
-    tokenizer: Any
-    prompts: Any  # the training prompt source (dataset, mixture or environment)
+    teacher: Policy | None  # on-policy distillation's teacher policy
+    tokenizer: PreTrainedTokenizerBase
+    prompts: DatasetPrompts | MixturePrompts | EnvironmentPrompts  # the training prompt source
     step_rollouts: StepRollouts  # draws, generates and scores a step's rollouts from ``prompts``
-    val_prompts: list[Any]
+    val_prompts: list[Prompt]
     sampling: SamplingParams
     max_prompt_tokens: int
     needs_prev_logprobs: bool  # frozen "old" logprobs: several optimizer steps, or a consumer of them
-    loggers: list[Any] = attrs.field(factory=list)
+    loggers: list[Logger] = attrs.field(factory=list)

@@ -7,7 +7,7 @@ One step::
     batch    = G responses per prompt, scored       (Generation, Environment)
     batch.prev_logprobs      = policy.logprobs      (only when a step takes several optimizer steps)
     batch.reference_logprobs = policy.reference_logprobs    (only when the KL penalty is on)
-    batch.advantages = estimator.compute_advantages(rewards, group_ids, mask, ...)
+    batch.advantages = estimator.compute_advantages(batch.advantage_input())
     metrics  = policy.train(batch, loss_fn)         (Policy)
     weight_sync.sync_weights(policy, generation, version=step)
 
@@ -50,18 +50,19 @@ from grpo_sdk.core.errors import GrpoSdkError, NonFiniteError
 from grpo_sdk.core.machine import pick_device
 from grpo_sdk.core.models import load_tokenizer, resolve_model_source
 from grpo_sdk.core.protocols import Checkpointable, ReportsMetrics, SupportsShutdown
-from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams
+from grpo_sdk.core.records import RunStatus, RunSummary, SamplingParams, TrainBatch
+from grpo_sdk.data.prompt_sources import make_prompt_source, make_validation_prompts
+from grpo_sdk.rollouts.async_rollouts import AsyncRollouts
+from grpo_sdk.rollouts.collector import rewind_to_cut
+from grpo_sdk.rollouts.episodes import episode_metrics, override_turn_advantages
+from grpo_sdk.rollouts.rollout import RolloutBatch, collect_rollouts, example_of
+from grpo_sdk.rollouts.step_rollouts import StepRollouts
 from grpo_sdk.runtime import make_runtime
 from grpo_sdk.runtime.allocator import release_freed_memory, while_training
-from grpo_sdk.trainer.async_rollouts import AsyncRollouts, rewind_to_cut
 from grpo_sdk.trainer.checkpoint import STATE_FILE, CheckpointManager, ranking_metric
-from grpo_sdk.trainer.prompt_sources import make_prompt_source, make_validation_prompts
-from grpo_sdk.trainer.episodes import episode_metrics, override_turn_advantages
-from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, example_of
 from grpo_sdk.trainer.run_dir import RunLock, check_storage, checkpoint_bytes, initial_model_path, write_text_atomic
 from grpo_sdk.trainer.signals import STOP, signal_name
 from grpo_sdk.trainer.state import Components, TrainerState
-from grpo_sdk.trainer.step_rollouts import StepRollouts
 
 VALIDATION_SEED_OFFSET = 7_919  # validation's sampling seed is grpo.seed + this + step
 
@@ -79,7 +80,7 @@ class GRPOTrainer:
         self.components: Components | None = None  # set by setup()
         self.locks: list[RunLock] = []
         self.opened: list[Any] = []  # what shutdown() must close, in the order it was built
-        self.last_rollouts: RolloutBatch | None = None  # the last step's, for the summary's example
+        self.last_batch: TrainBatch | None = None  # the last step's, for the summary's example
         self.last_saved_step: int | None = None
         self.validated_step: int | None = None
         self.last_metrics: dict[str, float] = {}  # the last logged step's, for the summary
@@ -261,7 +262,7 @@ class GRPOTrainer:
         while not self.finished:
             tick = time.perf_counter()
             try:
-                metrics, self.last_rollouts = self.train_step()
+                metrics, self.last_batch = self.train_step()
             except NonFiniteError as exc:
                 raise NonFiniteError(f"step {self.state.step + 1}: {exc}") from exc
             self.state.step += 1
@@ -310,7 +311,8 @@ class GRPOTrainer:
 
     # --- one step -------------------------------------------------------------------------------
 
-    def train_step(self) -> tuple[dict[str, float], RolloutBatch]:
+    def train_step(self) -> tuple[dict[str, float], TrainBatch]:
+        """One GRPO step; its metrics and its step record (the batch the policy trained on)."""
         cfg, parts = self.config, self.components
         timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -332,7 +334,8 @@ class GRPOTrainer:
                 batch.prev_logprobs = parts.policy.logprobs(batch)
             if parts.context.needs_reference:
                 batch.reference_logprobs = parts.policy.reference_logprobs(batch)
-            teacher_logprobs = parts.teacher.logprobs(batch) if parts.teacher is not None else None
+            if parts.teacher is not None:
+                batch.teacher_logprobs = parts.teacher.logprobs(batch)
         timings["logprobs"] = time.perf_counter() - tick
 
         if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
@@ -342,18 +345,13 @@ class GRPOTrainer:
                 errors, valid, batch.sample_mask, batch.rewards, cfg.grpo.seq_logprob_error_threshold)
             metrics.update(seq_metrics)
 
-        mask = batch.token_mask * batch.sample_mask[:, None]
-        advantages = parts.estimator.compute_advantages(
-            batch.rewards, batch.group_ids, mask, reward_components=rollouts.reward_components,
-            valid_mask=rollouts.reward_valid, sample_mask=batch.sample_mask, prev_logprobs=batch.prev_logprobs,
-            reference_logprobs=batch.reference_logprobs, teacher_logprobs=teacher_logprobs,
-            generation_logprobs=batch.generation_logprobs, metadata=rollouts.metadata)
+        advantages = parts.estimator.compute_advantages(batch.advantage_input())
         batch.advantages, override_metrics = override_turn_advantages(
-            clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high), rollouts, cfg.grpo)
+            clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high), batch, cfg.grpo)
         metrics.update(override_metrics)
         if isinstance(parts.estimator, ReportsMetrics):
             metrics.update(parts.estimator.last_metrics)
-        response_advantages = batch.advantages[mask > 0]
+        response_advantages = batch.advantages[batch.loss_mask > 0]
         if response_advantages.numel():
             metrics.update({"advantages/mean": float(response_advantages.mean()),
                             "advantages/min": float(response_advantages.min()),
@@ -364,7 +362,7 @@ class GRPOTrainer:
             metrics.update(parts.policy.train(batch, parts.loss_fn))
         timings["train"] = time.perf_counter() - tick
         if cfg.logger.dump_train_data:
-            dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", rollouts, batch)
+            dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", batch)
 
         if self.async_rollouts is not None:  # the engine holds one version: let the collector finish first
             timings["refit_bubble"], metrics["train/buffer_size"] = self.async_rollouts.before_weight_sync()
@@ -377,7 +375,7 @@ class GRPOTrainer:
         metrics.update({f"timing/{k}": v for k, v in timings.items()})
         metrics["perf/tokens_per_sec"] = metrics["generated_tokens"] / timings["step"]
         metrics["perf/rollout_tokens_per_sec"] = metrics["generated_tokens"] / generation_seconds
-        return metrics, rollouts
+        return metrics, batch
 
     def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
         """Rollouts for the next step, through the reward pipeline (``StepRollouts``)."""
@@ -392,7 +390,7 @@ class GRPOTrainer:
         perturbs the training sampler's random stream and the same weights always give the same
         numbers. Rewards are the environment's raw rewards (no scaling or shaping). Metrics, logged as
         ``val/<name>``: ``accuracy`` (mean reward), ``pass_k`` (k = grpo.val_num_generations_per_prompt
-        > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; the seed
+        > 1: the fraction of prompts with a sample whose reward is >= 1, fully correct; NeMo-RL
         counted any reward > 0), ``avg_length`` (the model's tokens), ``num_samples``, multi-turn the
         episode metrics (``episode/turns_mean``...), and the environment's own metrics.
         """
@@ -426,7 +424,7 @@ class GRPOTrainer:
         metrics, batches = self.validate(step)
         self.state.validation, self.validated_step = metrics, step
         if self.config.logger.dump_train_data:
-            dump_batch(self.run_dir / "train_data" / f"val_step_{step}.jsonl", RolloutBatch.concat(batches), None)
+            dump_rollouts(self.run_dir / "train_data" / f"val_step_{step}.jsonl", RolloutBatch.concat(batches))
         return {f"val/{k}": v for k, v in metrics.items()}
 
     # --- metrics, checkpoints, summary ----------------------------------------------------------
@@ -493,7 +491,7 @@ class GRPOTrainer:
             status=status, steps=self.state.step, seconds=time.perf_counter() - start,
             reward_first=self.state.reward_first if self.state.reward_first is not None else math.nan,
             reward_last=sum(tail) / len(tail) if tail else math.nan, validation=self.state.validation,
-            run_dir=self.run_dir, checkpoint=self.checkpoints.latest(), example=example_of(self.last_rollouts),
+            run_dir=self.run_dir, checkpoint=self.checkpoints.latest(), example=example_of(self.last_batch),
             reason=signal_name(STOP.signum) if status == RunStatus.INTERRUPTED and STOP.signum else None,
             metrics=self.last_metrics, ended_by=self._ended_by(status))
         if status != RunStatus.ALREADY_FINISHED:
@@ -512,7 +510,7 @@ class GRPOTrainer:
 
     def shutdown(self) -> None:
         """Close what setup opened, newest first (loggers are closed by ``train``)."""
-        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+        from grpo_sdk.rollouts.agent_rollouts import close_endpoints
 
         try:
             close_endpoints()  # the rollout endpoint before the backend it generates with
@@ -532,24 +530,39 @@ def reached(grpo: Any, validation: dict[str, float]) -> bool:
     return name is not None and validation.get(name, -math.inf) >= grpo.stop_at_validation_threshold
 
 
-def dump_batch(path: Path, rollouts: RolloutBatch, batch: Any) -> None:
-    """One JSON object per sample, the seed's train_data_step*.jsonl fields; ``content`` holds the
-    whole episode, every turn (with its token count and, where the environment set them, its flags)."""
+def dump_batch(path: Path, batch: TrainBatch) -> None:
+    """One JSON object per sample of a training step, NeMo-RL's train_data_step*.jsonl fields;
+    ``content`` holds the whole episode, every turn (with its token count and, where the
+    environment set them, its flags)."""
+    rows = []
+    for i, log in enumerate(batch.message_logs):
+        valid = batch.attention_mask[i].bool()
+        rows.append({
+            **episode_row(log, bool(batch.truncated[i]), float(batch.rewards[i])),
+            "input_lengths": int(valid.sum()), "token_ids": batch.input_ids[i][valid].tolist(),
+            "token_loss_mask": batch.token_mask[i][valid].tolist(),
+            "sample_loss_mask": float(batch.sample_mask[i]),
+            "advantages": batch.advantages[i][valid].tolist(),
+            "generation_logprobs": batch.generation_logprobs[i][valid].tolist(),
+            "prev_logprobs": batch.prev_logprobs[i][valid].tolist() if batch.prev_logprobs is not None else None,
+        })
+    write_jsonl(path, rows)
+
+
+def dump_rollouts(path: Path, rollouts: RolloutBatch) -> None:
+    """Validation's samples as ``dump_batch`` writes a step's, without the training fields."""
+    write_jsonl(path, [episode_row(log, bool(rollouts.truncated[i]), float(rollouts.rewards[i]))
+                       for i, log in enumerate(rollouts.message_logs)])
+
+
+def episode_row(log: Any, truncated: bool, reward: float) -> dict[str, Any]:
+    return {"content": [{"role": m.role, "content": m.content, "num_tokens": len(m.token_ids),
+                         **({"flags": list(m.flags)} if m.flags else {})} for m in log],
+            "truncated": truncated, "rewards": reward}
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for i, log in enumerate(rollouts.message_logs):
-            row = {"content": [{"role": m.role, "content": m.content, "num_tokens": len(m.token_ids),
-                                **({"flags": list(m.flags)} if m.flags else {})} for m in log],
-                   "truncated": bool(rollouts.truncated[i]),
-                   "rewards": float(batch.rewards[i]) if batch is not None else float(rollouts.rewards[i])}
-            if batch is not None:
-                valid = batch.attention_mask[i].bool()
-                row.update({
-                    "input_lengths": int(valid.sum()), "token_ids": batch.input_ids[i][valid].tolist(),
-                    "token_loss_mask": batch.token_mask[i][valid].tolist(),
-                    "sample_loss_mask": float(batch.sample_mask[i]),
-                    "advantages": batch.advantages[i][valid].tolist(),
-                    "generation_logprobs": batch.generation_logprobs[i][valid].tolist(),
-                    "prev_logprobs": batch.prev_logprobs[i][valid].tolist() if batch.prev_logprobs is not None else None,
-                })
+        for row in rows:
             f.write(json.dumps(row) + "\n")

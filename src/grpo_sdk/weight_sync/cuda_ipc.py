@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from grpo_sdk.plugins import GrpoSdkError, SyncStats
 from grpo_sdk.plugins.toolkit import node_ip, store_address_op, tcp_store
-from grpo_sdk.weight_sync.collective import Entry, align_up, pack_into, starts_new_bucket
+from grpo_sdk.weight_sync.buckets import Entry, align_up, pack_into, starts_new_bucket
 from grpo_sdk.weight_sync.driver import SyncDeadline, require_worker_groups, send_and_receive
 from grpo_sdk.weight_sync.specs import CudaIPCWeightSyncConfig
 

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from grpo_sdk.plugins import PluginError, ReceivesBroadcast, SyncStats
 from grpo_sdk.plugins.toolkit import free_port, host_store, join_process_group, node_ip, tcp_store
+from grpo_sdk.weight_sync.buckets import check_entry, describe, plan_buckets
 
 STATE_KEY = "grpo_sdk.weight_sync.engine_broadcast"
 
@@ -113,8 +114,6 @@ def open_sender(peer: str, **kwargs: Any) -> Any:
 
 def broadcast_plan(plan: Sequence[Any], weights: Iterator[tuple[str, Any]], sender: Any) -> tuple[int, int]:
     """Rank 0: broadcast each tensor of the plan, in order, from ``weights``; (tensors, bytes)."""
-    from grpo_sdk.weight_sync.collective import check_entry
-
     tensors = num_bytes = 0
     for batch in plan:
         for entry in batch.entries:
@@ -179,8 +178,6 @@ class LocalEngineBroadcast:
         return rank0.result()
 
     def _form_group(self, policy: Any, generation: Any) -> None:
-        from grpo_sdk.weight_sync.collective import describe, plan_buckets
-
         plan = plan_buckets(describe(policy.named_weights()), self.bucket_bytes)
         address = self.master_address or node_ip()
         name = f"grpo_sdk_weights_{uuid.uuid4().hex[:12]}"

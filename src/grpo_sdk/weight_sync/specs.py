@@ -7,7 +7,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import non_negative, positive
+from grpo_sdk.plugins.toolkit import MasterConfig, non_negative, positive
 from grpo_sdk.plugins import Capability, ComponentSpec
 
 INPROCESS = ComponentSpec(
@@ -90,11 +90,11 @@ CUDA_IPC = ComponentSpec(
 )
 
 
-def _on_gpus(config: Any) -> bool:
+def _on_gpus(config: MasterConfig) -> bool:
     return config.cluster.gpus_per_node > 0 and config.cluster.device != "cpu"
 
 
-def check_collective(config: Any, options: CollectiveWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
+def check_collective(config: MasterConfig, options: CollectiveWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
     """nccl needs GPUs, and cannot put two ranks on one GPU (colocated generation does)."""
     if options.backend != "nccl":
         return []
@@ -108,7 +108,7 @@ def check_collective(config: Any, options: CollectiveWeightSyncConfig, registry:
     return []
 
 
-def check_cuda_ipc(config: Any, options: CudaIPCWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
+def check_cuda_ipc(config: MasterConfig, options: CudaIPCWeightSyncConfig, registry: Any) -> list[tuple[str, str]]:
     """CUDA IPC shares GPU memory between processes on one GPU: GPUs, colocated generation with a
     policy rank on every replica's GPU, and a generation backend that declares the cuda_ipc capability."""
     c, missing = config.cluster, []  # cluster.runtime=ray is checked for every transport with ray_workers

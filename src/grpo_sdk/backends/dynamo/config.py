@@ -1,16 +1,16 @@
-"""Options of the Dynamo backend: ``policy.generation.dynamo`` (the seed's ``dynamo_cfg`` also works).
+"""Options of the Dynamo backend: ``policy.generation.dynamo`` (NeMo-RL's ``dynamo_cfg`` also works).
 
 The backend is a client of a Dynamo deployment that is already running: one frontend
 (``python -m dynamo.frontend``) and one or more ``dynamo.vllm`` workers started with
 ``--enable-rl`` and ``--weight-transfer-config '{"backend": "nccl"}'``, each with its system port
-(``DYN_SYSTEM_PORT``) reachable from the trainer. The seed (NeMo-RL's ``DynamoConfig``,
+(``DYN_SYSTEM_PORT``) reachable from the trainer. NeMo-RL (its ``DynamoConfig``,
 nemo_rl/models/generation/dynamo/config.py at NVIDIA-NeMo/RL 7ea279a) instead starts a managed
 fleet inside Ray (etcd, NATS, workers, frontend); its fleet-building keys (``vllm_cfg`` engine
 arguments, ``dynamo_cfg.worker_args`` / ``frontend_args``, ``startup_timeout_s``, ports, router
 mode, metrics prefixes) configure processes this backend does not start, so they are not here.
 What is kept: ``request_timeout_s`` and ``control_timeout_s`` (same meaning), the engine world
-size (``ranks_per_worker``: the seed's ``tensor_parallel_size x pipeline_parallel_size``), and the
-seed's restrictions: not colocated, collective (NCCL) refit only, no in-flight weight updates.
+size (``ranks_per_worker``: NeMo-RL's ``tensor_parallel_size x pipeline_parallel_size``), and
+NeMo-RL's restrictions: not colocated, collective (NCCL) refit only, no in-flight weight updates.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import positive
+from grpo_sdk.plugins.toolkit import MasterConfig, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -51,8 +51,8 @@ class DynamoConfig:
         "version. Set false for a Dynamo release whose vLLM handler lacks that route.")
 
 
-def check_options(config: Any, options: DynamoConfig, registry: Any) -> list[tuple[str, str]]:
-    """The seed's managed-Dynamo boundary, for a client of an existing deployment: where it is, that
+def check_options(config: MasterConfig, options: DynamoConfig, registry: Any) -> list[tuple[str, str]]:
+    """NeMo-RL's managed-Dynamo boundary, for a client of an existing deployment: where it is, that
     it is not colocated, that weights arrive by the collective transport (the workers' only refit
     path used here), and that in-flight updates are refused."""
     prefix = "policy.generation.dynamo"
@@ -70,7 +70,7 @@ def check_options(config: Any, options: DynamoConfig, registry: Any) -> list[tup
         problems.append((f"{prefix}.worker_urls", "lists a worker twice; each would join the weight-update group twice"))
     if config.policy.generation.colocated.enabled:
         problems.append(("policy.generation.colocated.enabled", "must be false with the dynamo backend: the deployment "
-                         "runs on its own GPUs, outside this run (the seed refuses colocated Dynamo too)"))
+                         "runs on its own GPUs, outside this run (NeMo-RL refuses colocated Dynamo too)"))
     if config.weight_sync.backend != "collective":
         problems.append(("weight_sync.backend", f"must be collective with the dynamo backend (got "
                          f"{config.weight_sync.backend!r}): the workers receive weights only by a broadcast into their "
@@ -87,5 +87,5 @@ def check_options(config: Any, options: DynamoConfig, registry: Any) -> list[tup
     if async_grpo.enabled and async_grpo.in_flight_weight_updates:
         problems.append(("grpo.async_grpo.in_flight_weight_updates", "must be false with the dynamo backend: Dynamo's "
                          "layerwise weight reload is not safe while requests run, so generation is drained before each "
-                         "update (the seed refuses it the same way)"))
+                         "update (NeMo-RL refuses it the same way)"))
     return problems

@@ -74,7 +74,7 @@ class DynamoGeneration:
 
     def _check_deployment(self) -> None:
         """Fail at construction, naming the setting, when the frontend does not serve the model or a
-        worker's system server does not answer (the seed waits for the same two facts)."""
+        worker's system server does not answer (NeMo-RL waits for the same two facts)."""
         reply = self.frontend.get("/models", timeout_s=min(30.0, self.config.request_timeout_s))
         served = [m.get("id") for m in (reply or {}).get("data", []) if isinstance(m, dict)]
         if self.model_name not in served:
@@ -136,7 +136,7 @@ class DynamoGeneration:
 
     def pause_generation(self, *, keep_in_flight: bool) -> None:
         """Drain: new generate calls wait; returns once the running one has finished and every worker
-        has paused (``mode: wait``). ``keep_in_flight=True`` is refused, as the seed refuses in-flight
+        has paused (``mode: wait``). ``keep_in_flight=True`` is refused, as NeMo-RL refuses in-flight
         updates for Dynamo: its layerwise reload is not safe under running requests."""
         if keep_in_flight:
             raise PluginError("the dynamo backend cannot keep requests in flight across a weight update (Dynamo's "

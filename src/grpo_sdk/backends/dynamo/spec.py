@@ -13,7 +13,7 @@ GENERATION = ComponentSpec(
     config="grpo_sdk.backends.dynamo.config:DynamoConfig",
     check="grpo_sdk.backends.dynamo.config:check_options",
     # The workers join the collective transport's group through their refit routes. Not
-    # in_flight_weight_updates: the seed refuses them for Dynamo (layerwise reload is not safe
+    # in_flight_weight_updates: NeMo-RL refuses them for Dynamo (layerwise reload is not safe
     # under running requests), so pause_generation drains.
     capabilities={"receives_broadcast"},
     summary="Generation through a running NVIDIA Dynamo deployment (OpenAI frontend + vLLM workers' refit routes).",

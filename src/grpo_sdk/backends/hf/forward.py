@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from grpo_sdk.plugins.tensors import process_logits, token_logprobs
+from grpo_sdk.plugins.tensors import position_ids_for, process_logits, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,6 @@ LOGITS_CHUNK_BYTES = 64 * 2**20
 size at once (``logsumexp``'s temporaries), top-p filtering a few more."""
 
 _HEAD_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the probe's verdict
-
-
-def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, so a left-padded prompt sees the positions it would alone."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def default_chunk_size(vocab_size: int) -> int:

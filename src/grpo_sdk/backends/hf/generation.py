@@ -14,7 +14,7 @@ way a token's logprob is that of the distribution it was sampled from, never re-
 
 One model in one process: when the hf policy lives in the same process (``cluster.runtime=local``;
 ``policy.generation.hf.share_policy_model``, config.py says when), the generation samples with the
-policy's own module, found through ``backends/colocation.py``: no second copy, and ``update_weights``
+policy's own module, found with ``grpo_sdk.plugins.toolkit.published_policy``: no second copy, and ``update_weights``
 reads nothing (the module already holds the trained weights) but still moves the weight version.
 It samples under ``torch.no_grad`` (never ``inference_mode``, whose tensors a module could cache and
 training could not use), under the policy's autocast, and touches no gradient or optimizer state;
@@ -33,36 +33,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.func import functional_call
 
-from grpo_sdk.backends import colocation
 from grpo_sdk.backends.hf import lora
 from grpo_sdk.backends.hf.config import SHARE_KEY, HFGenerationConfig, policy_autocast, shares_policy_model
-from grpo_sdk.backends.hf.forward import position_ids_for
-from grpo_sdk.backends.hf.loading import DTYPES, autocast_context, load_model
+from grpo_sdk.backends.hf.loading import autocast_context, load_model
 from grpo_sdk.backends.hf.step_gate import StepGate
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
-from grpo_sdk.plugins.tensors import process_logits
-from grpo_sdk.plugins.toolkit import load_tokenizer
-
-
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of ``probs [B, V]`` by inverting the CDF.
-
-    About 10x cheaper than ``torch.multinomial`` on CPU. Zero-probability tokens (outside top-k or
-    top-p) have zero-width CDF steps and are never drawn.
-    """
-    cdf = probs.cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(-1)
-
-
-def sample_token(logits: torch.Tensor, sampling: SamplingParams,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of ``logits [B, V]`` and its logprob under the processed distribution
-    (temperature, top-k, top-p): what the policy's logprobs reproduce."""
-    step_logprobs = torch.log_softmax(
-        process_logits(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
-    token = sample_categorical(step_logprobs.exp(), generator)
-    return token, step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+from grpo_sdk.plugins.tensors import DTYPES, position_ids_for, sample_token
+from grpo_sdk.plugins.toolkit import load_tokenizer, published_policy
 
 
 class HFGeneration:
@@ -107,7 +84,7 @@ class HFGeneration:
         """The hf policy of this run and process whose module this generation samples with, or None."""
         if not shares_policy_model(context.config, config):
             return None
-        policy = colocation.lookup(context)
+        policy = published_policy(context)
         if policy is None or getattr(policy, "model", None) is None or not hasattr(policy, "shared_with_generation"):
             if config.share_policy_model is True:
                 raise RuntimeError(f"{SHARE_KEY}=true, but no hf policy of this run was built in this process before "

@@ -7,9 +7,8 @@ import warnings
 
 import torch
 
+from grpo_sdk.plugins.tensors import DTYPES
 from grpo_sdk.plugins.toolkit import load_pretrained
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(name: str, *, dtype: str, device: str, attn_implementation: str | None = None):

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import weakref
 
-import attrs
 import torch
 
 from grpo_sdk.backends.hf.forward import sequence_logprobs
-from grpo_sdk.plugins import TrainBatch
 
 ALGORITHMS = ("first_fit_decreasing",)
 
@@ -80,16 +78,6 @@ def plan(lengths: list[int], budget: int, round_to: int, *, pack: bool, key: str
                 bins.append([i])
                 width = round_up(max(1, lengths[i]), round_to)
     return [sorted(b) for b in bins]
-
-
-def select_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:
-    """The ``rows`` of every tensor of ``batch`` (a view when they are contiguous)."""
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return batch.rows(rows[0], rows[0] + len(rows))
-    index = torch.tensor(rows)
-    fields = {f.name: getattr(batch, f.name) for f in attrs.fields(TrainBatch) if f.name != "extras"}
-    return TrainBatch(**{k: None if t is None else t[index.to(t.device)] for k, t in fields.items()},
-                      extras={k: t[index.to(t.device)] for k, t in batch.extras.items()})
 
 
 def padding_free_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_mask: torch.Tensor, *,

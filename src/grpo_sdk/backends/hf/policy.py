@@ -10,8 +10,10 @@ One GRPO step's rows are split into global batches of ``policy.train_global_batc
 ``policy.train_micro_batch_size`` rows whose gradients accumulate, or, with
 ``policy.dynamic_batching`` / ``policy.sequence_packing``, into micro-batches by token budget
 without padding (``packing``). The loss function divides by token and sequence counts of the
-whole global batch, so the accumulated gradient does not depend on how the rows are split.
-Logprobs are computed at response positions only, in chunks (``forward``).
+whole global batch, so the accumulated gradient does not depend on how the rows are split. That
+loop, its normalisation and clipping, and the optimizer are ``grpo_sdk.plugins.training``'s, which the
+megatron policy runs too; this module supplies the logprobs, the micro-batch plan and FSDP. Logprobs
+are computed at response positions only, in chunks (``forward``).
 
 With ``context.world_size > 1`` the policy is one rank of a data-parallel group: the model is
 sharded with FSDP2 and each rank trains on its share of every global batch
@@ -22,54 +24,23 @@ single-process results, on every rank.
 from __future__ import annotations
 
 import copy
+import functools
 import json
-import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.backends import colocation
 from grpo_sdk.backends.hf import distributed, lora
 from grpo_sdk.backends.hf.config import HFPolicyConfig
 from grpo_sdk.backends.hf.forward import sequence_logprobs
 from grpo_sdk.backends.hf.loading import autocast_context, enable_activation_checkpointing, load_model
-from grpo_sdk.backends.hf.optimizer import AdamWBFloat16Moments
-from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, select_rows, spans
-from grpo_sdk.plugins import (LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch,
-                              ZeroGradientRows)
-from grpo_sdk.plugins.toolkit import average_optimizer_steps, sum_micro_batches
-
-
-def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step ``step`` (0-based)."""
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_lr_ratio) * progress
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def make_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over ``params`` and its LR schedule, from ``policy.optimizer`` and ``policy.scheduler``
-    (the schedule counts optimizer steps: several per GRPO step with train_global_batch_size)."""
-    opt, sched = cfg.policy.optimizer, cfg.policy.scheduler
-    if opt.moments_dtype == "bfloat16":
-        optimizer = AdamWBFloat16Moments(params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                         weight_decay=opt.weight_decay, seed=cfg.grpo.seed)
-    else:  # the fused kernel (CPU and CUDA) is ~2.5x faster than the per-tensor loop on small models
-        optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
-                                      weight_decay=opt.weight_decay, fused=True)
-    rows = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-    total_steps = cfg.grpo.max_num_steps * (rows // (cfg.policy.train_global_batch_size or rows))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_lambda(
-        s, warmup_steps=sched.warmup_steps, total_steps=total_steps, schedule=sched.name,
-        min_lr_ratio=sched.min_lr_ratio))
-    return optimizer, scheduler
+from grpo_sdk.backends.hf.packing import padding_free_logprobs, plan, spans
+from grpo_sdk.plugins import LossFunction, RunContext, TrainBatch
+from grpo_sdk.plugins.toolkit import forget_policy, publish_policy, published_policy
+from grpo_sdk.plugins.training import (all_gather_rows, all_reduce_metrics, any_rank, broadcast_json, make_optimizer,
+                                       max_over_ranks, row_share, select_rows, train_global_batches)
 
 
 class HFPolicy:
@@ -119,18 +90,18 @@ class HFPolicy:
         self.optimizer, self.scheduler = make_optimizer(self.params, cfg)
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
-        # An hf generation of this process may sample with self.model (backends/colocation.py); it then
-        # sets this, and offload() keeps the model where the generation needs it.
+        # An hf generation of this process may sample with self.model (published_policy); it then sets
+        # this, and offload() keeps the model where the generation needs it.
         self.shared_with_generation = False
         self.context = context
-        colocation.publish(context, self)
+        publish_policy(context, self)
 
     # --- logprobs -------------------------------------------------------------------------------
 
     @torch.no_grad()
     def _logprobs(self, model, batch: TrainBatch) -> torch.Tensor:
         if self.dp:  # this rank's equal share, so every rank runs the same number of chunks
-            batch = batch.rows(*distributed.row_share(batch.batch_size, "policy logprobs"))
+            batch = batch.rows(*row_share(batch.batch_size, "policy logprobs"))
         logprobs = torch.zeros(batch.input_ids.shape)
         for rows in self._micro_batches(batch, self.policy_cfg.logprob_batch_size, "logprob_mb_tokens"):
             if rows is None:  # a data-parallel rank with fewer micro-batches keeps FSDP's collectives in step
@@ -138,7 +109,7 @@ class HFPolicy:
                 continue
             micro = select_rows(batch, rows).to(self.device)
             logprobs[rows] = self._micro_logprobs(model, micro).cpu()
-        return (distributed.all_gather_rows(logprobs.to(self.device)) if self.dp else logprobs).cpu()
+        return (all_gather_rows(logprobs.to(self.device)) if self.dp else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -154,90 +125,18 @@ class HFPolicy:
     # --- training -------------------------------------------------------------------------------
 
     def train(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
-        rows = batch.batch_size
-        global_rows = self.policy_cfg.train_global_batch_size or rows
         micro_rows = self.policy_cfg.train_micro_batch_size
-        if self.dp:  # every global batch is checked before the first collective: all ranks fail alike
-            distributed.row_share(rows, "policy.train")
-            for start in range(0, rows, global_rows):
-                stop = min(rows, start + global_rows)
-                distributed.row_share(stop - start, f"policy.train: the global batch of rows {start}..{stop - 1}")
-        step_metrics = []
-        for start in range(0, rows, global_rows):
-            global_batch = batch.rows(start, start + global_rows)
-            # Counts of the WHOLE global batch, also on a data-parallel rank: each rank's loss is
-            # then a share of the global loss, and the ranks' gradients sum to the full gradient.
-            token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
-            valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
-            first = 0
-            if self.dp:
-                first, stop = distributed.row_share(global_batch.batch_size, "policy.train")
-                global_batch = global_batch.rows(first, stop)
-            self.optimizer.zero_grad(set_to_none=True)
-            micro_metrics, failure = [], None
-            trained = self._rows_to_train(global_batch, loss_fn)
-            for picked in self._micro_batches(global_batch, micro_rows, "train_mb_tokens", rows=trained):
-                if picked is None:  # zero gradients, so that this rank's FSDP collectives match the others'
-                    self._idle_forward(self.model, global_batch).backward()
-                    continue
-                micro = select_rows(global_batch, picked).to(self.device)
-                extra = {}
-                logprobs = self._micro_logprobs(self.model, micro, with_unfiltered=self.kl_needs_unfiltered)
-                if self.kl_needs_unfiltered:
-                    logprobs, extra["unfiltered_logprobs"] = logprobs
-                loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
-                                        **extra)
-                if failure is None and not torch.isfinite(loss):
-                    failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
-                               f"rows {_describe_rows([start + first + r for r in picked])}")
-                # Backward even after a failure: the other ranks' collectives wait for this rank's.
-                loss.backward()
-                micro_metrics.append(metrics)
-            metrics = sum_micro_batches(micro_metrics)
-            if trained is not None:
-                metrics = self._metrics_of_trained_rows(metrics, loss_fn, global_batch, trained, valid_toks, valid_seqs)
-            failed = failure is not None
-            if self.dp:  # the whole global batch's metrics, identical on every rank
-                metrics, failed = distributed.all_reduce_metrics(metrics, failed, self.device)
-            if failed:
-                raise NonFiniteError(failure or f"loss is not finite on another data-parallel rank in optimizer "
-                                                f"step {self.optimizer_steps + 1}")
-            if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
-                # The in-loss logprob-error filter divided by the original counts; only now, after
-                # every micro-batch (of every rank), are the surviving counts known.
-                factor, (metrics,) = loss_fn.survivor_normalization(
-                    [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
-                for param in self.params:
-                    if param.grad is not None:
-                        param.grad.mul_(factor)
-            grad_norm = self._clip_and_check_gradients()
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer_steps += 1
-            step_metrics.append({**metrics, "grad_norm": grad_norm})
-        return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
+        return train_global_batches(
+            self, batch, loss_fn, logprobs=functools.partial(self._micro_logprobs, self.model),
+            row_share=row_share if self.dp else None, reduce=self._reduce if self.dp else None,
+            micro_batches=lambda global_batch, rows: self._micro_batches(global_batch, micro_rows, "train_mb_tokens",
+                                                                         rows=rows),
+            idle_loss=functools.partial(self._idle_forward, self.model),
+            skip_zero_advantage_rows=self.skip_zero_advantage_rows)
 
-    def _rows_to_train(self, batch: TrainBatch, loss_fn: LossFunction) -> list[int] | None:
-        """The rows the training passes run (``policy.hf.skip_zero_advantage_rows``); None: all of them."""
-        if not self.skip_zero_advantage_rows or not isinstance(loss_fn, ZeroGradientRows):
-            return None
-        idle = loss_fn.zero_gradient_rows(batch)
-        if idle is None or not bool(idle.any()):
-            return None
-        # One row still runs when none is needed: the optimizer then steps on an exact zero gradient
-        # (Adam's moments move the weights, as they would have), and the metrics have a value.
-        return (~idle).nonzero().flatten().tolist() or [0]
-
-    @staticmethod
-    def _metrics_of_trained_rows(metrics: dict[str, float], loss_fn: Any, batch: TrainBatch, trained: list[int],
-                                 valid_toks: torch.Tensor, valid_seqs: torch.Tensor) -> dict[str, float]:
-        rows = select_rows(batch, trained)
-        mask = rows.token_mask[:, 1:] * rows.sample_mask[:, None]
-        metrics = loss_fn.metrics_of_trained_rows(metrics, trained_toks=float(mask.sum()),
-                                                  trained_seqs=float(rows.sample_mask.sum()),
-                                                  global_valid_toks=float(valid_toks),
-                                                  global_valid_seqs=float(valid_seqs))
-        return {**metrics, "skipped_zero_advantage_rows": float(batch.batch_size - len(trained))}
+    def _reduce(self, metrics: dict[str, float], failed: bool) -> tuple[dict[str, float], bool]:
+        # FSDP has summed the gradients already, in the backward passes.
+        return all_reduce_metrics(metrics, failed, self.device, who="hf policy")
 
     def _micro_batches(self, batch: TrainBatch, rows_each: int, budget_key: str,
                        rows: list[int] | None = None) -> list[list[int] | None]:
@@ -254,7 +153,7 @@ class HFPolicy:
                            pack=self.batching["pack"], key=key)
             micro = [[rows[i] for i in group] for group in planned]
         if self.dp and self.batching is not None:  # fixed row counts are equal on every rank already
-            micro += [None] * (distributed.max_over_ranks(len(micro), self.device) - len(micro))
+            micro += [None] * (max_over_ranks(len(micro), self.device) - len(micro))
         return micro
 
     def _micro_logprobs(self, model, micro: TrainBatch, with_unfiltered: bool = False):
@@ -277,18 +176,6 @@ class HFPolicy:
     def _forward_args(self) -> dict:
         # Read at each call: self.sampling is the one source of the sampling settings.
         return {**self.sampling, "chunk_size": self.chunk_size}
-
-    def _clip_and_check_gradients(self) -> float:
-        max_norm = self.policy_cfg.max_grad_norm
-        # Under FSDP2 the norm is a DTensor of the global norm, and clipping scales every shard by it.
-        norm = distributed.full(torch.nn.utils.clip_grad_norm_(
-            self.params, max_norm if max_norm is not None else float("inf")))
-        if not torch.isfinite(norm):
-            bad = next((name for name, p in self.model.named_parameters()
-                        if p.grad is not None and not torch.isfinite(distributed.local(p.grad)).all()), "?")
-            raise NonFiniteError(f"gradient norm is {norm.item()} in optimizer step {self.optimizer_steps + 1} "
-                                 f"(first non-finite gradient: {bad})")
-        return float(norm)
 
     # --- weights and state ----------------------------------------------------------------------
 
@@ -335,7 +222,7 @@ class HFPolicy:
                 self._write_checkpoint(Path(path), model_state, optim_state)
             except Exception as exc:  # shared below, so that no rank waits for a rank that failed
                 error = exc
-        if distributed.any_rank(error is not None, self.device):
+        if any_rank(error is not None, self.device):
             raise error or RuntimeError(f"rank 0 of the policy group could not write the checkpoint {path}")
 
     def _write_checkpoint(self, directory: Path, model_state: dict | None, optim_state: dict | None) -> None:
@@ -397,7 +284,7 @@ class HFPolicy:
                     header = {"scheduler": meta["scheduler"], "optimizer_steps": meta["optimizer_steps"]}
             except Exception as exc:  # shared below, so that no rank waits for a rank that failed
                 error, header = exc, {"error": f"{type(exc).__name__}: {exc}"}
-        header = distributed.broadcast_json(header, self.device)
+        header = broadcast_json(header, self.device)
         if "error" in header:
             raise error or RuntimeError(f"rank 0 of the policy group could not load {path}: {header['error']}")
         # strict=False: rank 0 has checked the keys (tied names may be absent, as single-process).
@@ -419,6 +306,12 @@ class HFPolicy:
         return {name: position[id(p)] for name, p in self.model.named_parameters(remove_duplicate=False)
                 if id(p) in position}
 
+    @staticmethod
+    def export_merged(policy_dir: str, out: str) -> None:
+        """``ExportsMergedModel``: a LoRA checkpoint (adapters only) as a standalone model directory, the
+        adapters merged into the base model they were trained on (``grpoctl export --lora merged``)."""
+        lora.export_merged(Path(policy_dir), Path(out))
+
     def offload(self) -> None:
         if self.shared_with_generation:
             return  # the generation samples with this very module next: moving it would free nothing
@@ -428,8 +321,8 @@ class HFPolicy:
         self.model.to(self.device)
 
     def shutdown(self) -> None:
-        if colocation.lookup(self.context) is self:  # a later run in this process publishes its own
-            colocation.forget(self.context)
+        if published_policy(self.context) is self:  # a later run in this process publishes its own
+            forget_policy(self.context)
         self.model = self.reference = self.lora = None
         self.optimizer = None
 
@@ -445,12 +338,6 @@ def _batching(policy_cfg) -> dict | None:
                     "train_mb_tokens": block.train_mb_tokens or longest * policy_cfg.train_micro_batch_size,
                     "logprob_mb_tokens": block.logprob_mb_tokens or longest * policy_cfg.logprob_batch_size}
     return None
-
-
-def _describe_rows(rows: list[int]) -> str:
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return f"{rows[0]}..{rows[-1]}"
-    return ", ".join(map(str, rows))
 
 
 def _check_model_keys(path: str, model, missing, unexpected) -> None:

@@ -3,8 +3,9 @@ finds it (light: no torch here; the config checks import it).
 
 A megatron generation shares the policy's ``GPTModel`` (no second copy, no weight conversion on
 refit) only when both live in one process: ``cluster.runtime=local`` with
-``policy.generation.colocated.enabled``. The policy is built first and publishes itself here with
-:func:`publish`; the generation, built next with the same ``RunContext``, finds it with :func:`lookup`.
+``policy.generation.colocated.enabled``. The policy is built first and publishes itself with
+``publish_policy``; the generation, built next with the same ``RunContext``, finds it with
+``published_policy`` (``grpo_sdk.plugins.toolkit``'s registry, which the hf backends use too).
 On Ray the policy and the generation are separate actors, so each generation replica
 holds its own model and takes the policy's weights in Hugging Face names (the seed instead runs
 colocated generation inside the policy workers: not built here).
@@ -14,11 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# The registry is shared with the hf backend (backends/colocation.py); re-exported under the names
-# the megatron modules and tests use.
-from grpo_sdk.backends.colocation import forget, lookup, publish
+from grpo_sdk.plugins.toolkit import forget_policy, publish_policy, published_policy
 
-__all__ = ["forget", "lookup", "publish", "shares_policy_model"]
+__all__ = ["forget_policy", "publish_policy", "published_policy", "shares_policy_model"]
 
 
 def shares_policy_model(config: Any) -> bool:

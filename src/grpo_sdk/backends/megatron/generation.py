@@ -49,12 +49,11 @@ from typing import Any, Iterable
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpo_sdk.backends.hf.generation import sample_token
-from grpo_sdk.backends.hf.loading import DTYPES
 from grpo_sdk.backends.megatron import colocated
 from grpo_sdk.backends.megatron.bridging import adapt_bridge
 from grpo_sdk.backends.megatron.policy import causal_padding_mask, init_parallel_state
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
+from grpo_sdk.plugins.tensors import DTYPES, sample_token
 from grpo_sdk.plugins.toolkit import load_tokenizer
 
 
@@ -94,7 +93,7 @@ class MegatronGeneration:
     """Samples with the mcore ``GPTModel``: the policy's own when colocated in one process, else its own.
 
     ``policy`` (a ``MegatronPolicy``) shares that policy's model explicitly; without it a colocated
-    run finds the policy the runtime built first (``colocated.lookup``).
+    run finds the policy the runtime built first (``colocated.published_policy``).
     """
 
     def __init__(self, config: Any, context: RunContext, *, policy: Any = None):
@@ -113,10 +112,10 @@ class MegatronGeneration:
         self.generator = torch.Generator(device=self.device).manual_seed(context.seed)
         self.weight_version = 0
         if policy is None and colocated.shares_policy_model(cfg):
-            policy = colocated.lookup(context)
+            policy = colocated.published_policy(context)
             if policy is None:
                 warnings.warn("megatron generation: colocated, but no megatron policy of this run was published "
-                              "in this process (colocated.publish); it builds a model of its own, refit with "
+                              "in this process (colocated.publish_policy); it builds a model of its own, refit with "
                               "the policy's weights in Hugging Face names", RuntimeWarning, stacklevel=2)
         self.policy = policy
         if policy is not None:

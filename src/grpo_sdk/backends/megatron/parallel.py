@@ -14,8 +14,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from grpo_sdk.backends.hf.distributed import row_share
 from grpo_sdk.plugins.tensors import process_logits, token_logprobs
+from grpo_sdk.plugins.training import row_share
 
 NEG_INF = float("-inf")
 # Candidates per vocab shard for the first top-p try without top-k; raised x8 until enough.

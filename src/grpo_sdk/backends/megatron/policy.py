@@ -2,9 +2,10 @@
 
 It mirrors ``grpo_sdk.backends.hf.policy`` step for step: the same logprobs (temperature / top-k /
 top-p as the sampler applies them), a frozen reference copy only when the run needs one, ``train``
-over global batches of micro-batches with the shared ``LossFunction`` call and the same global token /
-sequence normalisation, gradient clipping with ``policy.max_grad_norm``, the same LR schedule, and
-weights exported in Hugging Face names through the bridge.
+as the hf policy's, ``grpo_sdk.plugins.training.train_global_batches`` (global batches of
+micro-batches, the global token / sequence normalisation, clipping with ``policy.max_grad_norm``) with
+the same optimizer and LR schedule (``make_optimizer``), and weights exported in Hugging Face names
+through the bridge.
 
 Parallelism (``policy.megatron``): tensor parallelism (TP) splits heads, MLP columns and the
 vocabulary; logprobs come from the vocab shards without gathering them (``parallel``). With
@@ -34,17 +35,16 @@ from typing import Any, Iterator
 
 import torch
 
-from grpo_sdk.backends.hf import distributed
-from grpo_sdk.backends.hf.forward import position_ids_for
-from grpo_sdk.backends.hf.loading import DTYPES
-from grpo_sdk.backends.hf.policy import make_optimizer
 from grpo_sdk.backends.megatron import colocated, parallel
 from grpo_sdk.backends.megatron.config import NOT_BUILT
 from grpo_sdk.backends.megatron.bridging import adapt_bridge, transformers5_compat  # noqa: F401 (re-exported)
 from grpo_sdk.backends.megatron.hf_semantics import freeze_padding_row
 from grpo_sdk.backends.megatron.parallel import vocab_parallel_token_logprobs
-from grpo_sdk.plugins import LossFunction, NonFiniteError, RunContext, SurvivorNormalizedLoss, TrainBatch
-from grpo_sdk.plugins.toolkit import average_optimizer_steps, free_port, sum_micro_batches
+from grpo_sdk.plugins import LossFunction, RunContext, TrainBatch
+from grpo_sdk.plugins.tensors import DTYPES, position_ids_for
+from grpo_sdk.plugins.toolkit import free_port
+from grpo_sdk.plugins.training import (all_gather_rows, all_reduce_metrics, any_rank, make_optimizer,
+                                       train_global_batches)
 
 # "optimizer.*": grpoctl export leaves these out of an exported model directory (trainer.checkpoint).
 CHECKPOINT_FILE = "optimizer.pt"
@@ -171,7 +171,7 @@ class MegatronPolicy:
         self.optimizer_steps = 0
         self.save_optimizer = cfg.checkpointing.save_optimizer
         # A colocated megatron generation of this process generates on this very model (colocated.py).
-        colocated.publish(context, self)
+        colocated.publish_policy(context, self)
 
     def _apply_model_options(self) -> None:
         """``policy.megatron`` keys that shape the mcore TransformerConfig mbridge builds from.
@@ -252,7 +252,7 @@ class MegatronPolicy:
                                           batch.attention_mask[i:i + size].to(self.device))
                   for i in range(0, batch.batch_size, size)]
         logprobs = torch.cat(chunks)
-        return (distributed.all_gather_rows(logprobs, self.dp_group) if self.dp > 1 else logprobs).cpu()
+        return (all_gather_rows(logprobs, self.dp_group) if self.dp > 1 else logprobs).cpu()
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._logprobs(self.model, batch)
@@ -265,87 +265,29 @@ class MegatronPolicy:
     # --- training -------------------------------------------------------------------------------
 
     def train(self, batch: TrainBatch, loss_fn: LossFunction) -> dict[str, float]:
-        rows = batch.batch_size
-        global_rows = self.policy_cfg.train_global_batch_size or rows
-        micro_rows = self.policy_cfg.train_micro_batch_size
-        if self.dp > 1:  # every global batch is checked before the first collective: all ranks fail alike
-            parallel.dp_row_share(rows, "policy.train")
-            for start in range(0, rows, global_rows):
-                stop = min(rows, start + global_rows)
-                parallel.dp_row_share(stop - start, f"policy.train: the global batch of rows {start}..{stop - 1}")
-        step_metrics = []
         # Training mode only for megatron's activation recompute, which runs only when training;
         # dropout is 0 (from the HF config), so the logprobs are those of eval mode.
         self.model.train()
         try:
-            return self._train(batch, loss_fn, rows, global_rows, micro_rows, step_metrics)
+            return train_global_batches(
+                self, batch, loss_fn, logprobs=self._micro_logprobs,
+                row_share=parallel.dp_row_share if self.dp > 1 else None,
+                reduce=self._reduce if self.dp > 1 else None,
+                # The norm of the whole model from its TP shards, the same on every rank.
+                clip=parallel.clip_grad_norm if self.tp > 1 else None)
         finally:
             self.model.eval()
 
-    def _train(self, batch, loss_fn, rows, global_rows, micro_rows, step_metrics) -> dict[str, float]:
-        for start in range(0, rows, global_rows):
-            global_batch = batch.rows(start, start + global_rows)
-            # Counts of the WHOLE global batch, also on a data-parallel rank: each replica's loss is
-            # then a share of the global loss, and the replicas' gradients sum to the full gradient.
-            token_mask = global_batch.token_mask[:, 1:] * global_batch.sample_mask[:, None]
-            valid_toks, valid_seqs = token_mask.sum(), global_batch.sample_mask.sum()
-            first = 0
-            if self.dp > 1:
-                first, stop = parallel.dp_row_share(global_batch.batch_size, "policy.train")
-                global_batch = global_batch.rows(first, stop)
-            self.optimizer.zero_grad(set_to_none=True)
-            micro_metrics, failure = [], None
-            for micro_start in range(0, global_batch.batch_size, micro_rows):
-                micro = global_batch.rows(micro_start, micro_start + micro_rows).to(self.device)
-                extra = {}
-                logprobs = self._sequence_logprobs(self.model, micro.input_ids, micro.attention_mask,
-                                                   with_unfiltered=self.kl_needs_unfiltered)
-                if self.kl_needs_unfiltered:
-                    logprobs, extra["unfiltered_logprobs"] = logprobs
-                loss, metrics = loss_fn(logprobs, micro, global_valid_seqs=valid_seqs, global_valid_toks=valid_toks,
-                                        **extra)
-                if failure is None and not torch.isfinite(loss):
-                    rows_seen = start + first + micro_start
-                    failure = (f"loss is {loss.item()} in optimizer step {self.optimizer_steps + 1}, "
-                               f"rows {rows_seen}..{rows_seen + micro.batch_size - 1}")
-                # Backward even after a failure: the other ranks' collectives wait for this rank's.
-                loss.backward()
-                micro_metrics.append(metrics)
-            metrics = sum_micro_batches(micro_metrics)
-            failed = failure is not None
-            if self.dp > 1:  # the whole global batch's metrics and gradient, identical on every replica
-                metrics, failed = distributed.all_reduce_metrics(metrics, failed, self.device, self.dp_group,
-                                                                  who="megatron policy")
-                if not failed:
-                    parallel.all_reduce_gradients(self.params, self.dp_group)
-            if failed:
-                raise NonFiniteError(failure or f"loss is not finite on another data-parallel rank in optimizer "
-                                                f"step {self.optimizer_steps + 1}")
-            if isinstance(loss_fn, SurvivorNormalizedLoss) and loss_fn.requires_survivor_normalization:
-                factor, (metrics,) = loss_fn.survivor_normalization(
-                    [metrics], global_valid_seqs=float(valid_seqs), global_valid_toks=float(valid_toks))
-                for param in self.params:
-                    if param.grad is not None:
-                        param.grad.mul_(factor)
-            grad_norm = self._clip_and_check_gradients()
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer_steps += 1
-            step_metrics.append({**metrics, "grad_norm": grad_norm})
-        return {**average_optimizer_steps(step_metrics), "lr": self.scheduler.get_last_lr()[0]}
+    def _micro_logprobs(self, micro: TrainBatch, *, with_unfiltered: bool):
+        return self._sequence_logprobs(self.model, micro.input_ids, micro.attention_mask,
+                                       with_unfiltered=with_unfiltered)
 
-    def _clip_and_check_gradients(self) -> float:
-        max_norm = self.policy_cfg.max_grad_norm
-        if self.tp > 1:  # the norm of the whole model from its TP shards, the same on every rank
-            norm = parallel.clip_grad_norm(self.params, max_norm)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf"))
-        if not torch.isfinite(norm):
-            bad = next((name for name, p in self.model.named_parameters()
-                        if p.grad is not None and not torch.isfinite(p.grad).all()), "?")
-            raise NonFiniteError(f"gradient norm is {norm.item()} in optimizer step {self.optimizer_steps + 1} "
-                                 f"(first non-finite gradient: {bad})")
-        return float(norm)
+    def _reduce(self, metrics: dict[str, float], failed: bool) -> tuple[dict[str, float], bool]:
+        """The whole global batch's metrics and gradient, identical on every replica."""
+        metrics, failed = all_reduce_metrics(metrics, failed, self.device, self.dp_group, who="megatron policy")
+        if not failed:
+            parallel.all_reduce_gradients(self.params, self.dp_group)
+        return metrics, failed
 
     # --- weights and state ----------------------------------------------------------------------
 
@@ -393,7 +335,7 @@ class MegatronPolicy:
                 torch.save(state, directory / checkpoint_file(self.tp_rank, self.tp))
             except Exception as exc:  # shared below, so that no rank waits for a rank that failed
                 error = exc
-        if self.dp * self.tp > 1 and distributed.any_rank(error is not None, self.device):
+        if self.dp * self.tp > 1 and any_rank(error is not None, self.device):
             raise error or RuntimeError(f"another policy rank could not write its part of the checkpoint {path}")
         if error is not None:
             raise error

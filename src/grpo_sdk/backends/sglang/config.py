@@ -1,9 +1,9 @@
-"""Options of the SGLang backend: ``policy.generation.sglang`` (the seed's ``sglang_cfg`` also works).
+"""Options of the SGLang backend: ``policy.generation.sglang`` (NeMo-RL's ``sglang_cfg`` also works).
 
 Two modes: ``server`` talks to a running ``python -m sglang.launch_server`` over HTTP (how NeMo-RL
 and slime drive SGLang); ``engine`` builds ``sglang.Engine`` in this process (how verl does). The
-engine arguments below are the seed's ``sglang_cfg`` keys that still mean something here (NeMo-RL
-``nemo_rl/models/generation/sglang/config.py``); the seed's nested ``sglang_server_config`` keys
+engine arguments below are NeMo-RL's ``sglang_cfg`` keys that still mean something here (NeMo-RL
+``nemo_rl/models/generation/sglang/config.py``); NeMo-RL's nested ``sglang_server_config`` keys
 ``needs_offload`` and ``pause_generation_mode`` are flattened into this block. Checked against
 SGLang 0.5.23 (``sglang/srt/server_args.py``, ``sglang/srt/entrypoints/http_server.py``).
 """
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import require_engine
+from grpo_sdk.plugins.toolkit import MasterConfig, require_engine
 
 INSTALL = "pip install 'grpo-sdk[sglang]'"
 
@@ -62,10 +62,10 @@ class SGLangConfig:
                                            "SGLang's choice.")
     log_level: str = option("error", "Engine mode: SGLang's log level.")
     engine_kwargs: dict[str, Any] = option(factory=dict, help="Engine mode: more sglang.Engine / ServerArgs "
-                                           "arguments, passed as they are (the seed's sglang_kwargs).")
+                                           "arguments, passed as they are (NeMo-RL's sglang_kwargs).")
 
 
-def check_options(config: Any, options: SGLangConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: SGLangConfig, registry: Any) -> list[tuple[str, str]]:
     """Cross-field rules; raises ``PluginError`` (exit 3) when engine mode cannot run here."""
     generation = config.policy.generation
     problems: list[tuple[str, str]] = []

@@ -1,9 +1,9 @@
-"""Options of the TensorRT-LLM backend: ``policy.generation.trtllm`` (the seed's ``trtllm_cfg`` also works).
+"""Options of the TensorRT-LLM backend: ``policy.generation.trtllm`` (NeMo-RL's ``trtllm_cfg`` also works).
 
-The engine keys are the seed's ``trtllm_cfg`` (NeMo-RL ``nemo_rl/models/generation/trtllm/config.py``,
+The engine keys are NeMo-RL's ``trtllm_cfg`` (NeMo-RL ``nemo_rl/models/generation/trtllm/config.py``,
 ``TrtllmSpecificArgs``, read at NVIDIA-NeMo/RL 7ea279ab): ``tensor_parallel_size``,
 ``gpu_memory_utilization``, ``max_model_len``, ``precision``, ``max_batch_size``, ``max_num_tokens``,
-``async_engine``, ``moe_tensor_parallel_size``, ``moe_expert_parallel_size``, plus the seed's
+``async_engine``, ``moe_tensor_parallel_size``, ``moe_expert_parallel_size``, plus NeMo-RL's
 ``trtllm_kwargs`` escape hatch as ``llm_kwargs``. NeMo-RL's ``in_flight_weight_updates`` /
 ``recompute_kv_cache_after_weight_updates`` copies are not taken: this backend does not do in-flight
 updates (docs/trtllm.md says why), and ``grpo.async_grpo`` holds the run's own setting. Light: no
@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from grpo_sdk.plugins import option
-from grpo_sdk.plugins.toolkit import require_engine
+from grpo_sdk.plugins.toolkit import MasterConfig, require_engine
 
 INSTALL = ("pip install 'grpo-sdk[trtllm]' --extra-index-url https://pypi.nvidia.com "
            "(the tensorrt-llm package on PyPI is a stub that fetches the real wheel from NVIDIA's index)")
@@ -60,7 +60,7 @@ class TrtllmConfig:
         None, "Engine dtype; null uses policy.precision.")
     max_batch_size: int | None = option(None, "Most requests the engine schedules at once; null: its default.")
     max_num_tokens: int | None = option(None, "Most tokens in one engine step; null: its default.")
-    async_engine: bool = option(False, "The seed's key, accepted as it is: engine mode always drives AsyncLLM (as "
+    async_engine: bool = option(False, "NeMo-RL's key, accepted as it is: engine mode always drives AsyncLLM (as "
                                 "NeMo-RL does; its requests are submitted concurrently), and trtllm-serve runs "
                                 "AsyncLLM. Weight updates drain the engine either way: per-token weight versions "
                                 "cannot be read back from TensorRT-LLM, so in-flight updates are refused.")
@@ -70,11 +70,11 @@ class TrtllmConfig:
                                 "(llm.release) after each generation round and take them back (llm.resume) before the "
                                 "next; in server mode the same through /release_memory and /resume_memory.")
     llm_kwargs: dict[str, Any] = option(factory=dict, help="engine mode: more LLM/AsyncLLM constructor arguments "
-                                        "(the seed's trtllm_kwargs), spread last; a `kv_cache_config` dict becomes "
+                                        "(NeMo-RL's trtllm_kwargs), spread last; a `kv_cache_config` dict becomes "
                                         "KvCacheConfig(**it).")
 
 
-def check_options(config: Any, options: TrtllmConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: TrtllmConfig, registry: Any) -> list[tuple[str, str]]:
     """Cross-field rules; raises PluginError (exit 3) when engine mode cannot run here at all."""
     problems: list[tuple[str, str]] = []
     generation = config.policy.generation

@@ -28,7 +28,7 @@ import asyncio
 from typing import Any, Sequence
 
 from grpo_sdk.backends.trtllm.config import TrtllmConfig
-from grpo_sdk.backends.trtllm.generation import Completion, TrtllmGeneration, row_seeds
+from grpo_sdk.backends.trtllm.base import Completion, TrtllmGeneration, row_seeds
 from grpo_sdk.backends.trtllm.refit import check_replies, device_uuid, parse_command
 from grpo_sdk.plugins import GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import background_event_loop
@@ -64,7 +64,7 @@ def token_logprob(entry: Any, token: int) -> float:
     return float(entry)
 
 
-class TrtllmEngineGeneration(TrtllmGeneration):
+class TrtllmEngineGeneration(TrtllmGeneration, mode="engine"):
     def __init__(self, config: TrtllmConfig | None, context: RunContext):
         super().__init__(config, context)
         import tensorrt_llm

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_sdk.backends.trtllm.config import TrtllmConfig
-from grpo_sdk.backends.trtllm.generation import Completion, TrtllmGeneration, row_seeds
+from grpo_sdk.backends.trtllm.base import Completion, TrtllmGeneration, row_seeds
 from grpo_sdk.backends.trtllm.refit import command
 from grpo_sdk.plugins import GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import HTTPClient
@@ -37,7 +37,7 @@ HEALTH_TIMEOUT_S = 10.0
 MAX_CONCURRENT = 16  # requests in flight per generate call; the server batches them
 
 
-class TrtllmServerGeneration(TrtllmGeneration):
+class TrtllmServerGeneration(TrtllmGeneration, mode="server"):
     def __init__(self, config: TrtllmConfig | None, context: RunContext):
         super().__init__(config, context)
         if not self.config.url:

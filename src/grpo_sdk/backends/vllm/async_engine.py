@@ -53,7 +53,7 @@ from typing import Any, Awaitable, Iterable, Sequence
 import torch
 
 from grpo_sdk.backends.vllm.config import VLLMConfig
-from grpo_sdk.backends.vllm.generation import engine_args, pack_rows, prompt_rows, sampling_params
+from grpo_sdk.backends.vllm.engine_inputs import engine_args, pack_rows, prompt_rows, sampling_params
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, GrpoSdkError, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import write_weights
 from grpo_sdk.plugins.toolkit import background_event_loop, load_tokenizer

@@ -1,12 +1,15 @@
-"""Options of the vLLM backend: ``policy.generation.vllm`` (the seed's ``vllm_cfg`` also works)."""
+"""Options of the vLLM backend: ``policy.generation.vllm`` (NeMo-RL's ``vllm_cfg`` also works)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from grpo_sdk.plugins import option
+
+if TYPE_CHECKING:
+    from grpo_sdk.plugins.toolkit import MasterConfig
 
 
 @attrs.frozen(kw_only=True)
@@ -36,7 +39,7 @@ class VLLMConfig:
                                 "needs it. Weights reach it through a safetensors file.")
 
 
-def check_options(config: Any, options: VLLMConfig, registry: Any) -> list[tuple[str, str]]:
+def check_options(config: MasterConfig, options: VLLMConfig, registry: Any) -> list[tuple[str, str]]:
     """Async GRPO overlaps generation with training, which an engine asleep during training cannot do;
     the async engine has no sleep mode here. The spec declares in_flight_weight_updates for the
     backend, but only the async engine keeps requests in flight across a weight update: the

@@ -9,8 +9,8 @@
   loaded with the worker's ``reload_weights(weights_iterator=...)``: no restart, no file. With a
   multi-process engine (tensor parallelism) they go through a safetensors file instead.
 * The engine's seed is the run's seed; ``SamplingParams.seed`` (validation) seeds each request.
-* ``async_engine: true`` selects ``AsyncLLM`` instead (async_engine.py); the helpers above the
-  class are shared by both.
+* ``async_engine: true`` selects ``AsyncLLM`` instead (async_engine.py); what both engines send and
+  read back is in engine_inputs.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from grpo_sdk.backends.vllm import lora
+from grpo_sdk.backends.vllm import async_engine, lora
 from grpo_sdk.backends.vllm.config import VLLMConfig
+from grpo_sdk.backends.vllm.engine_inputs import engine_args, pack_rows, prompt_rows, sampling_params
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, PluginError, RunContext, SamplingParams
 from grpo_sdk.plugins.toolkit import load_tokenizer
 
@@ -32,60 +33,12 @@ IN_FLIGHT_NEEDS_ASYNC = ("the in-process vLLM engine cannot pause for a weight u
                          "policy.generation.vllm.async_engine=true (or grpo.async_grpo.in_flight_weight_updates=false)")
 
 
-def engine_args(config: VLLMConfig, context: RunContext) -> dict[str, Any]:
-    """The engine's arguments, the same for ``LLM`` and ``AsyncLLM`` (async_engine.py)."""
-    cfg = context.config
-    args: dict[str, Any] = dict(
-        model=context.model_path, tokenizer=context.tokenizer_path, seed=context.seed,
-        dtype=config.precision or cfg.policy.precision,
-        max_model_len=config.max_model_len or cfg.policy.max_total_sequence_length,
-        tensor_parallel_size=config.tensor_parallel_size, pipeline_parallel_size=config.pipeline_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
-        enable_prefix_caching=config.enable_prefix_caching, enable_sleep_mode=config.enable_sleep_mode,
-        logprobs_mode="processed_logprobs",
-    )
-    if config.kv_cache_memory_bytes:
-        args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
-    if lora.uses_adapters(cfg):  # policy.lora.sync=adapter: adapters loaded per weight version (lora.py)
-        args.update(lora.engine_args(cfg))
-    return args
-
-
-def sampling_params(sampling: SamplingParams, row: int, **extra: Any) -> Any:
-    """vLLM's ``SamplingParams`` for row ``row`` of a call (a seeded call seeds each row its own way)."""
-    from vllm import SamplingParams as VLLMSampling
-
-    return VLLMSampling(
-        n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k if sampling.top_k else -1, max_tokens=sampling.max_new_tokens,
-        stop_token_ids=list(sampling.stop_token_ids), logprobs=0, detokenize=False,
-        seed=None if sampling.seed is None else sampling.seed * 1_000_003 + row, **extra)
-
-
-def prompt_rows(prompts: GenerationInput) -> list[list[int]]:
-    """The left-padded prompts as lists of token ids, padding removed."""
-    return [ids[mask.bool()].tolist() for ids, mask in zip(prompts.input_ids, prompts.attention_mask)]
-
-
-def pack_rows(tokens: list[list[int]], logprobs: list[list[float]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
-    """Right-padded ``response_ids``, ``logprobs`` and ``response_lengths`` of the rows."""
-    width = max((len(t) for t in tokens), default=0)
-    response_ids = torch.full((len(tokens), width), pad_token_id, dtype=torch.long)
-    response_logprobs = torch.zeros((len(tokens), width), dtype=torch.float32)
-    for i, (row, row_logprobs) in enumerate(zip(tokens, logprobs)):
-        response_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        response_logprobs[i, :len(row)] = torch.tensor(row_logprobs, dtype=torch.float32)
-    return response_ids, response_logprobs, torch.tensor([len(t) for t in tokens], dtype=torch.long)
-
-
 class VLLMGeneration:
     def __new__(cls, config: VLLMConfig | None = None, context: RunContext | None = None) -> Any:
         # The spec names one class (the contract kit checks it); which engine drives vLLM is a
         # config choice, so async_engine=true constructs the AsyncLLM backend here instead.
         if config is not None and config.async_engine:
-            from grpo_sdk.backends.vllm.async_engine import VLLMAsyncGeneration
-
-            return VLLMAsyncGeneration(config, context)
+            return async_engine.VLLMAsyncGeneration(config, context)
         return super().__new__(cls)
 
     def __init__(self, config: VLLMConfig | None, context: RunContext):

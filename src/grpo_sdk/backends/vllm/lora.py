@@ -17,17 +17,20 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
 from grpo_sdk.plugins import ConfigError, PluginError
 
+if TYPE_CHECKING:
+    from grpo_sdk.plugins.toolkit import MasterConfig
+
 # vLLM's LoRAConfig accepts these max_lora_rank values only (vllm/config/lora.py, MaxLoRARanks).
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def uses_adapters(config: Any) -> bool:
+def uses_adapters(config: MasterConfig) -> bool:
     """Whether the run syncs adapters only (policy.lora enabled with sync=adapter)."""
     return bool(config.policy.lora.enabled and config.policy.lora.sync == "adapter")
 
@@ -37,7 +40,7 @@ def max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_RANKS if r >= rank)
 
 
-def engine_args(config: Any) -> dict[str, Any]:
+def engine_args(config: MasterConfig) -> dict[str, Any]:
     """The engine's LoRA arguments: one adapter slot, sized for ``policy.lora.rank``."""
     return dict(enable_lora=True, max_lora_rank=max_lora_rank(config.policy.lora.rank), max_loras=1)
 
@@ -59,7 +62,7 @@ def model_support() -> Iterator[None]:
 class AdapterSlot:
     """The engine's one adapter: a directory per weight version, the current ``LoRARequest``."""
 
-    def __init__(self, engine: Any, config: Any):
+    def __init__(self, engine: Any, config: MasterConfig):
         self.engine, self.lora = engine, config.policy.lora
         self.root = Path(tempfile.mkdtemp(prefix="grpo-vllm-lora-"))
         self.request: Any = None

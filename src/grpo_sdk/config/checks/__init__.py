@@ -1,8 +1,8 @@
 """Rules that span config fields, checked after structuring and before any model is loaded.
 
 Each rule returns a problem naming the keys involved; all problems are reported together. These
-replace the seed's bare ``assert``s, which ``python -O`` would have dropped, and several of the
-seed's silent no-ops (a switch set where nothing reads it) are errors here.
+replace NeMo-RL's bare ``assert``s, which ``python -O`` would have dropped, and several of
+NeMo-RL's silent no-ops (a switch set where nothing reads it) are errors here.
 
 One module per domain: ``algorithm`` (batch shape, rewards, loss, estimator), ``loss``
 (``loss_fn.*``), ``rewards`` (reward penalties and length bands), ``lifecycle`` (data, validation,

@@ -1,6 +1,6 @@
 """Config-time rules of async GRPO (``grpo.async_grpo``, docs/async.md), checked with the others.
 
-The seed asserts most of these inside ``async_grpo_train`` (so ``python -O`` drops them), after the
+NeMo-RL asserts most of these inside ``async_grpo_train`` (so ``python -O`` drops them), after the
 models are loaded, or only warns; here each is a config error naming the key and the fix, all
 reported at once (exit 2). The rules apply only with ``grpo.async_grpo.enabled=true``: with it
 off the section is inert as a whole, like ``grpo.reward_scaling``, so one config can be run sync

@@ -1,6 +1,6 @@
 """Config-time rules of multi-turn episodes and tool calls (docs/multi-turn.md), checked with the others.
 
-The seed refuses its message-level advantage overrides outside NeMo-Gym because nothing else sets
+NeMo-RL refuses its message-level advantage overrides outside NeMo-Gym because nothing else sets
 the flags they act on, and they would silently do nothing; here the same rule follows from the
 environment's declared capabilities, so any environment that flags invalid tool calls can use them.
 """

@@ -1,7 +1,7 @@
 """Which ``loss_fn`` options go together (light: no torch, so `grpoctl config validate` can run it;
 the loss, ``grpo_sdk.algorithms.loss``, checks the same at construction).
 
-The seed asserts these at loss construction or at the first training step, after models are
+NeMo-RL asserts these at loss construction or at the first training step, after models are
 loaded; here they are config errors naming the keys, found before anything heavy starts.
 """
 

@@ -1,6 +1,6 @@
 """Which ``reward_penalties.*`` and ``grpo.length_penalty.*`` settings go together (light: no torch).
 
-The seed checks the unwanted-token ids in its config validator and the think-tag ids at the first
+NeMo-RL checks the unwanted-token ids in its config validator and the think-tag ids at the first
 rollout; a malformed global length band is a pydantic error there. Here each is a problem naming
 its key, reported with every other problem by `grpoctl config validate`, before a model loads.
 How the config reads (is the length penalty active, which bands apply) lives here too, shared with

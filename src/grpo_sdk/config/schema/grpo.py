@@ -83,7 +83,7 @@ class AsyncGRPOConfig:
                                          validator=[positive, v.le(MAX_TIMEOUT_S)])
 
 
-# --- reward penalties (top level) and grpo.length_penalty: the seed's rollout-side reward changes ---
+# --- reward penalties (top level) and grpo.length_penalty: NeMo-RL's rollout-side reward changes ---
 
 
 def _token_ids(instance: Any, attribute: Any, value: list[int]) -> None:
@@ -113,7 +113,7 @@ class RewardPenaltyTokenIdsConfig:
 
 @attrs.frozen(kw_only=True)
 class RewardPenaltyConfig:
-    """The seed's reward-zeroing penalties, for any environment (docs/algorithms.md, Reward penalties)."""
+    """NeMo-RL's reward-zeroing penalties, for any environment (docs/algorithms.md, Reward penalties)."""
 
     penalize_duplicated_reasoning: bool = option(False, "Zero the reward of a sample with a generated message whose "
                                                  "reasoning (the think block) equals its answer (the text after "
@@ -135,7 +135,7 @@ class RewardPenaltyConfig:
 
 @attrs.frozen(kw_only=True)
 class LengthPenaltyParams:
-    """``grpo.length_penalty.default``: the seed's LengthPenaltyParams. Lengths are of the reasoning (inside the
+    """``grpo.length_penalty.default``: NeMo-RL's LengthPenaltyParams. Lengths are of the reasoning (inside the
     think tags), the answer (after them) and their total, over a sample's generated messages."""
 
     enabled: bool = option(True, "Apply the parameters below (all zero: nothing changes).")
@@ -218,7 +218,7 @@ class ProfileBandConfig:
 @attrs.frozen(kw_only=True)
 class LengthPenaltyConfig:
     """``grpo.length_penalty``: per-prompt-group length bonuses and penalties on binary (0/1) single-reward
-    training rewards (docs/algorithms.md, The length penalty). The seed's agent_overrides and verbose are
+    training rewards (docs/algorithms.md, The length penalty). NeMo-RL's agent_overrides and verbose are
     NeMo-Gym's and have no equivalent here."""
 
     default: LengthPenaltyParams = option(factory=LengthPenaltyParams, help="The length-adjustment parameters.")
@@ -233,7 +233,7 @@ def _effort_bound(instance: Any, attribute: Any, value: int) -> None:
 @attrs.frozen(kw_only=True)
 class EffortLevelsConfig:
     """``grpo.effort_levels``: length shaping of the rewards of low-effort prompts (NeMo-RL's effort
-    levels, which the seed reads from env.nemo_gym): a prompt whose last user message contains
+    levels, which it reads from env.nemo_gym): a prompt whose last user message contains
     ``low_string`` gets ``length_reward = min(1, low_weight * (1 - length / low_ub))`` and its reward
     becomes ``r + r * max(length_reward, 0) + low_penalty * min(length_reward, 0)``, length being
     the model's tokens in the episode. Training only; off while low_weight is 0 or low_string empty."""
@@ -306,7 +306,7 @@ class GRPOConfig:
     async_grpo: AsyncGRPOConfig = option(factory=AsyncGRPOConfig, help="Async GRPO: generation overlapping "
                                          "training with bounded staleness (docs/async.md).")
     length_penalty: LengthPenaltyConfig = option(factory=LengthPenaltyConfig, help="Per-group length bonuses and "
-                                                 "penalties on 0/1 rewards, training only (the seed's).")
+                                                 "penalties on 0/1 rewards, training only (NeMo-RL's).")
     effort_levels: EffortLevelsConfig = option(factory=EffortLevelsConfig, help="Length shaping of low-effort "
                                                "prompts' rewards, training only (NeMo-RL's effort levels).")
 

@@ -222,7 +222,7 @@ class MasterConfig:
     checkpointing: CheckpointingConfig = option(factory=CheckpointingConfig, help="Checkpoints.")
     cluster: ClusterConfig = option(factory=ClusterConfig, help="Devices and runtime.")
     reward_penalties: RewardPenaltyConfig = option(factory=RewardPenaltyConfig, help="Reward-zeroing penalties "
-                                                   "on the generated messages (the seed's).")
+                                                   "on the generated messages (NeMo-RL's).")
     extra_sections: dict[str, Any] = internal_field()
 
 

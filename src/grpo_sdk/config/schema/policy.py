@@ -35,7 +35,7 @@ class OptimizerConfig:
     moments_dtype: Literal["float32", "bfloat16"] = option(
         "float32", "dtype AdamW keeps its two moments in. bfloat16 halves the optimizer state (134.5M parameters: "
         "1.0 GiB -> 513 MiB); the update is computed in float32 and each moment rounded back stochastically, so "
-        "small updates are not lost (backends/hf/optimizer.py). hf policy, one rank (no FSDP2); costs ~12 ms per "
+        "small updates are not lost (algorithms/optimizer.py). hf policy, one rank (no FSDP2); costs ~12 ms per "
         "million parameters a step on one CPU core (torch's fused AdamW: ~1 ms).")
 
 
@@ -100,7 +100,7 @@ class SequencePackingConfig:
     enabled: bool = option(False, "Pack several sequences into one row (positions restart per sequence, no "
                            "attention across them) up to a token budget per micro-batch (hf policy): no padding "
                            "computed. Same loss and gradients as the padded path. Pays with long-tailed lengths; with "
-                           "rows of equal length it only adds attention over the whole packed row. The seed (NeMo-RL) "
+                           "rows of equal length it only adds attention over the whole packed row. NeMo-RL "
                            "defaults this to true; here it is off by default (padded micro-batches).")
     train_mb_tokens: int | None = option(None, "Tokens per packed training micro-batch; null: "
                                          "max_total_sequence_length x train_micro_batch_size. At least "
@@ -110,7 +110,7 @@ class SequencePackingConfig:
                                            "max_total_sequence_length x logprob_batch_size.",
                                            validator=v.optional(token_count))
     algorithm: Literal["first_fit_decreasing"] = option(
-        "first_fit_decreasing", "Bin packing of sequences into micro-batches: first-fit decreasing (the seed's "
+        "first_fit_decreasing", "Bin packing of sequences into micro-batches: first-fit decreasing (NeMo-RL's "
         "modified_first_fit_decreasing is not implemented).")
     sequence_length_round: int = option(64, "A packed row is padded at its end to a multiple of this.",
                                         validator=token_count)
@@ -121,7 +121,7 @@ class LoraConfig:
     enabled: bool = option(False, "Train LoRA adapters (peft, hf policy only) instead of every weight: the base is "
                            "frozen, the optimizer holds the adapters only, and the reference policy is the base "
                            "with the adapters disabled (no second model copy). Needs `pip install 'grpo-sdk[lora]'`.")
-    rank: int = option(8, "Rank r of each adapter's A (r x in) and B (out x r) matrices (the seed's `dim`).",
+    rank: int = option(8, "Rank r of each adapter's A (r x in) and B (out x r) matrices (NeMo-RL's `dim`).",
                        validator=positive)
     alpha: float = option(32.0, "Adapter scale numerator: the update is alpha / rank x B @ A.", validator=positive)
     target_modules: list[str] = option(factory=list, help="Module names (or name suffixes, peft's rule) that get "
@@ -164,9 +164,9 @@ class PolicyConfig:
                                             "as many as fit 64 MiB of float32 logits (110 at a 151,936-token "
                                             "vocabulary).", validator=v.optional(token_count))
     dynamic_batching: DynamicBatchingConfig = option(factory=DynamicBatchingConfig, help="Micro-batches by "
-                                                     "token budget (the seed's policy.dynamic_batching).")
+                                                     "token budget (NeMo-RL's policy.dynamic_batching).")
     sequence_packing: SequencePackingConfig = option(factory=SequencePackingConfig, help="Several sequences per "
-                                                     "row (the seed's policy.sequence_packing).")
+                                                     "row (NeMo-RL's policy.sequence_packing).")
     max_total_sequence_length: int = option(1024, "Longest prompt + response, in tokens.", validator=token_count)
     precision: Literal["float32", "bfloat16", "float16"] = option("float32", "Parameter dtype of the policy.")
     max_grad_norm: float | None = option(1.0, "Clip the global gradient norm to this; null disables.",

@@ -15,7 +15,7 @@ The counters that must survive a resume (the next group id, the failure window) 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -23,7 +23,10 @@ from grpo_sdk.algorithms.rewards import RolloutRewardChanges, mean_metrics, scal
     trivial_groups
 from grpo_sdk.core.errors import GrpoSdkError
 from grpo_sdk.core.records import SamplingParams
-from grpo_sdk.trainer.rollout import RolloutBatch, collect_rollouts, rollout_metrics
+from grpo_sdk.rollouts.rollout import RolloutBatch, collect_rollouts, rollout_metrics
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 class RolloutCounters(Protocol):
@@ -39,7 +42,7 @@ class StepRollouts:
         batch, metrics = rollouts.collect(step=1, counters=trainer_state)
     """
 
-    def __init__(self, config: Any, *, prompts: Any, tokenizer: Any, generation: Any, environment: Any,
+    def __init__(self, config: MasterConfig, *, prompts: Any, tokenizer: Any, generation: Any, environment: Any,
                  sampling: SamplingParams, max_prompt_tokens: int):
         self.config = config
         self.prompts = prompts
@@ -86,7 +89,7 @@ class StepRollouts:
             "grpo.dynamic_sampling_max_gen_batches or grpo.batch_multiplier, or check the reward function.")
 
     def process_rewards(self, rollouts: RolloutBatch) -> dict[str, float]:
-        """The reward penalties and the length penalty (``RolloutRewardChanges``, the seed's rollout-side
+        """The reward penalties and the length penalty (``RolloutRewardChanges``, NeMo-RL's rollout-side
         changes), then scale the components and their total (grpo.reward_scaling), then shape the total
         (grpo.reward_shaping). Returns the penalties' metrics."""
         grpo = self.config.grpo

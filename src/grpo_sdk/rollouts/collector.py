@@ -31,16 +31,20 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
 from grpo_sdk.core.errors import ConfigError, GrpoSdkError
 from grpo_sdk.runtime.deadlines import WorkerError
-from grpo_sdk.trainer.replay_buffer import BufferedGroup, ReplayBuffer
-from grpo_sdk.trainer.step_rollouts import RolloutCounters, StepRollouts
+from grpo_sdk.rollouts.replay_buffer import BufferedGroup, ReplayBuffer
+from grpo_sdk.rollouts.step_rollouts import RolloutCounters, StepRollouts
 
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
+
+ASYNC_DIR = "async"  # inside a checkpoint: buffer.json + buffer.safetensors
 STOP_DEADLINE_S = 30.0  # a generation call is bounded by cluster.call_timeout_s; a stop waits this long for it
 
 
@@ -60,7 +64,7 @@ class TrajectoryCollector:
         collector.stop()
 
     The trainer uses only the methods above the thread's section (``AsyncRollouts``); on Ray they
-    are remote calls to the actor that holds the collector (``trainer/collector_worker.py``).
+    are remote calls to the actor that holds the collector (``rollouts/collector_worker.py``).
     """
 
     def __init__(self, step_rollouts: StepRollouts, buffer: ReplayBuffer, counters: RolloutCounters, *,
@@ -233,7 +237,7 @@ class TrajectoryCollector:
     # --- the thread ---------------------------------------------------------------------------
 
     def _next_target(self) -> int | None:
-        """Wait for a target to generate; the wait is counted as the seed's efficiency categories:
+        """Wait for a target to generate; the wait is counted as NeMo-RL's efficiency categories:
         ``paused`` (the trainer has the engine: a refit or validation) or ``limit`` (every granted
         target is generated: the age window is full, generation is ahead of training)."""
         with self._cond:
@@ -336,6 +340,55 @@ def complete_through(buffer: ReplayBuffer, step: int) -> int:
     while buffer.complete(through + 1):
         through += 1
     return through
+
+
+def rewind_to_cut(saved: dict[str, Any], counters: Any, prompts: Any) -> None:
+    """Move the data frontier back to the lowest untrained target, the cut a checkpoint's
+    ``TrainerState.rollouts`` (``saved``) holds (a no-op for a synchronous checkpoint, which has
+    drawn nothing ahead)."""
+    if saved.get("cut") is not None:
+        rewind_to(saved["cut"], counters, prompts)
+
+
+def rewind_to(frontier: dict[str, Any], counters: Any, prompts: Any) -> None:
+    prompts.load_state_dict(frontier["data"])
+    counters.next_group_id = frontier["next_group_id"]
+    counters.reward_failures = [list(x) for x in frontier["reward_failures"]]
+
+
+def open_collector(config: MasterConfig, step_rollouts: StepRollouts, counters: Any, *, step: int,
+                   restore_dir: str | Path | None, saved: dict[str, Any]) -> TrajectoryCollector:
+    """The buffer (restored from ``restore_dir`` when it holds what its checkpoint saved) and the
+    collector over it, started; nothing granted yet. ``step`` is the next step to train (0-based
+    target), ``counters`` the data counters the collector advances, ``saved`` the checkpoint's
+    ``TrainerState.rollouts``. Where the collector runs: in the trainer's process (a thread) or in
+    the Ray runtime's collector actor (``grpo_sdk.rollouts.collector_worker``)."""
+    grpo, a = config.grpo, config.grpo.async_grpo
+    settings = {"num_prompts_per_step": grpo.num_prompts_per_step, "num_generations": grpo.num_generations_per_prompt,
+                "max_age": a.max_trajectory_age_steps, "schedule": a.schedule}
+    buffer, generated_through, prompts = None, step - 1, step_rollouts.prompts
+    if restore_dir is not None and step > 0:
+        restore_dir = Path(restore_dir)
+        expected = saved.get("through", step - 1 + a.max_trajectory_age_steps)
+        if config.checkpointing.load_replay_buffer and (restore_dir / ASYNC_DIR).is_dir():
+            buffer, dropped = ReplayBuffer.read(restore_dir / ASYNC_DIR, step=step, **settings)
+            generated_through = complete_through(buffer, step)
+            if dropped or generated_through != expected:
+                buffer, generated_through = None, step - 1  # not the saved pipeline: regenerate from the cut
+                print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold what its checkpoint "
+                      f"saved (steps {step + 1}..{expected + 1}); regenerating them from the data frontier of step "
+                      f"{step + 1}", file=sys.stderr, flush=True)
+            elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
+                rewind_to(saved["resume"], counters, prompts)
+        if buffer is None:
+            rewind_to_cut(saved, counters, prompts)
+    collector = TrajectoryCollector(step_rollouts, buffer or ReplayBuffer(**settings, taken_through=step - 1),
+                                    counters, generated_through=generated_through,
+                                    num_threads=config.cluster.num_threads, max_failures=a.max_generation_failures)
+    if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
+        collector.results = {int(t): TargetResult(**r) for t, r in saved["results"].items()}
+    collector.start()
+    return collector
 
 
 def split_groups(rollouts: Any, target: int, *, epoch: int, seconds: float = 0.0) -> list[BufferedGroup]:

@@ -5,7 +5,7 @@ revision=data.revision, streaming=data.streaming)``: NAME is a hub id, or a loca
 out like a hub dataset repo (data files plus a README.md whose YAML declares the configs), which
 ``load_dataset`` reads by the same rules. ``data.columns`` renames columns and ``data.max_rows``
 keeps the first rows, for hub datasets and local files alike. Rows come back as
-``trainer.data.read_rows`` returns them, ``(where, row)``, so templating, tokenizing and the checks
+``data.prompts.read_rows`` returns them, ``(where, row)``, so templating, tokenizing and the checks
 are those of every dataset; a row is named ``hf:openai/gsm8k (main, train) row 17``.
 
 Exact resume: the prompts are read whole at start-up and again on resume, and the dataloader
@@ -29,9 +29,9 @@ import attrs
 
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.hub import is_hub_id, offline_hint, offline_mode, probe
+from grpo_sdk.data.files import DATA_EXTRA, read_file_rows
 
 HUB_PREFIX = "hf:"
-DATA_EXTRA = "pip install 'grpo-sdk[data]'"
 
 
 @attrs.frozen(kw_only=True)
@@ -56,7 +56,7 @@ class DataSource:
 
 
 def data_source(data: Any, which: str, index: int | None = None, max_rows: int | None = None) -> Any:
-    """What ``trainer.data.load_prompts`` reads for ``which`` ("train", "validation", or "datasets" with
+    """What ``data.prompts.load_prompts`` reads for ``which`` ("train", "validation", or "datasets" with
     ``index``): the plain path when nothing but the path applies (local files read as they always
     were), else a DataSource carrying the split, subset, columns and row bound."""
     if which == "datasets":
@@ -82,9 +82,7 @@ def source_rows(source: Any) -> list[tuple[str, dict[str, Any]]]:
     if source.is_hub:
         rows = hub_rows(source)
     else:
-        from grpo_sdk.trainer.data import read_rows
-
-        rows = read_rows(Path(source.path))
+        rows = read_file_rows(Path(source.path))
         rows = rows if source.max_rows is None else rows[:source.max_rows]
     return rename_columns(rows, source.columns, source.key) if source.columns else rows
 

@@ -8,7 +8,7 @@ continue with exactly the prompts the saved one would have produced (exact resum
 random is stored: a dataset's order in epoch ``e`` is a permutation seeded by
 ``(grpo.seed, e)``, so a position and an epoch number are its whole state.
 
-A module of its own beside ``grpo_sdk.trainer.data`` (reading, checking, templating and
+A module of its own beside ``grpo_sdk.data.prompts`` (reading, checking, templating and
 tokenizing rows into ``Prompt``s): this is the order prompts are drawn in and its checkpointed
 position, which the loop and the async collector use.
 """
@@ -19,12 +19,15 @@ import hashlib
 import json
 import random
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from grpo_sdk.core.errors import ConfigError, DataError
 from grpo_sdk.core.protocols import PromptSampler
-from grpo_sdk.trainer.data import TOO_LONG_HINT, Prompt, PromptBuilder, load_prompts, make_builder
-from grpo_sdk.trainer.hub_data import data_source
+from grpo_sdk.data.prompts import TOO_LONG_HINT, Prompt, PromptBuilder, load_prompts, make_builder
+from grpo_sdk.data.hub import data_source
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 # --- prompt sources -------------------------------------------------------------------------------
 
@@ -181,7 +184,7 @@ def _check_state(state: dict[str, Any], kind: str, expected: dict[str, Any]) -> 
 # --- what the loop calls --------------------------------------------------------------------------
 
 
-def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
+def make_prompt_source(cfg: MasterConfig, environment: Any, tokenizer: Any = None,
                        max_prompt_tokens: int | None = None) -> DatasetPrompts | MixturePrompts | EnvironmentPrompts:
     """The training prompts of a run. Without a tokenizer prompts carry no token ids and are not
     length-checked here (the rollout does both)."""
@@ -209,7 +212,7 @@ def make_prompt_source(cfg: Any, environment: Any, tokenizer: Any = None,
     raise ConfigError([("data.train_path", f"required: environment {cfg.env.name!r} does not generate prompts")])
 
 
-def _check_step_fits(cfg: Any, size: int, key: str, where: str) -> None:
+def _check_step_fits(cfg: MasterConfig, size: int, key: str, where: str) -> None:
     """A step draws each prompt at most once: a dataset smaller than a step would repeat prompts inside
     it, as separate groups, and end epoch 1 in the first step (the config alone cannot know the size)."""
     per_step = cfg.grpo.num_prompts_per_step
@@ -219,7 +222,7 @@ def _check_step_fits(cfg: Any, size: int, key: str, where: str) -> None:
                         f"{per_step} every step draws; lower grpo.num_prompts_per_step or add data")
 
 
-def make_validation_prompts(cfg: Any, environment: Any, tokenizer: Any = None,
+def make_validation_prompts(cfg: MasterConfig, environment: Any, tokenizer: Any = None,
                             max_prompt_tokens: int | None = None) -> list[Prompt] | None:
     """At most ``grpo.max_val_samples`` validation prompts, the same in every run and resume.
 

@@ -15,7 +15,7 @@ Exact resume (``deterministic``): a checkpoint after step ``s`` holds the buffer
 the frontier before target ``s`` (``TrainerState.rollouts["cut"]``). Resuming restores the buffer
 and grants ``s + A`` with the checkpoint's weights ``s``: the calls of the uninterrupted run, in
 its order. With ``checkpointing.load_replay_buffer=false`` the source rewinds to the cut and
-regenerates from target ``s``.
+regenerates from target ``s`` (``collector.open_collector``).
 """
 
 from __future__ import annotations
@@ -25,66 +25,18 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_sdk.core.errors import GrpoSdkError
-from grpo_sdk.trainer.collector import CollectorStopped, TargetResult, TrajectoryCollector, complete_through
-from grpo_sdk.trainer.replay_buffer import ReplayBuffer
-from grpo_sdk.trainer.rollout import RolloutBatch
-from grpo_sdk.trainer.step_rollouts import StepRollouts
+from grpo_sdk.rollouts.collector import ASYNC_DIR, CollectorStopped, open_collector
+from grpo_sdk.rollouts.rollout import RolloutBatch
+from grpo_sdk.rollouts.step_rollouts import StepRollouts
 
-ASYNC_DIR = "async"  # inside a checkpoint: buffer.json + buffer.safetensors
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
+
 POLL_S = 0.25  # how often a waiting trainer looks at the collector's health
 REPORT_EVERY_S = 60.0  # a long wait says what it waits for this often
-
-
-def rewind_to_cut(saved: dict[str, Any], counters: Any, prompts: Any) -> None:
-    """Move the data frontier back to the lowest untrained target, the cut a checkpoint's
-    ``TrainerState.rollouts`` (``saved``) holds (a no-op for a synchronous checkpoint, which has
-    drawn nothing ahead)."""
-    if saved.get("cut") is not None:
-        rewind_to(saved["cut"], counters, prompts)
-
-
-def rewind_to(frontier: dict[str, Any], counters: Any, prompts: Any) -> None:
-    prompts.load_state_dict(frontier["data"])
-    counters.next_group_id = frontier["next_group_id"]
-    counters.reward_failures = [list(x) for x in frontier["reward_failures"]]
-
-
-def open_collector(config: Any, step_rollouts: StepRollouts, counters: Any, *, step: int,
-                   restore_dir: str | Path | None, saved: dict[str, Any]) -> TrajectoryCollector:
-    """The buffer (restored from ``restore_dir`` when it holds what its checkpoint saved) and the
-    collector over it, started; nothing granted yet. ``step`` is the next step to train (0-based
-    target), ``counters`` the data counters the collector advances, ``saved`` the checkpoint's
-    ``TrainerState.rollouts``. Where the collector runs: in the trainer's process (a thread) or in
-    the Ray runtime's collector actor (``grpo_sdk.trainer.collector_worker``)."""
-    grpo, a = config.grpo, config.grpo.async_grpo
-    settings = {"num_prompts_per_step": grpo.num_prompts_per_step, "num_generations": grpo.num_generations_per_prompt,
-                "max_age": a.max_trajectory_age_steps, "schedule": a.schedule}
-    buffer, generated_through, prompts = None, step - 1, step_rollouts.prompts
-    if restore_dir is not None and step > 0:
-        restore_dir = Path(restore_dir)
-        expected = saved.get("through", step - 1 + a.max_trajectory_age_steps)
-        if config.checkpointing.load_replay_buffer and (restore_dir / ASYNC_DIR).is_dir():
-            buffer, dropped = ReplayBuffer.read(restore_dir / ASYNC_DIR, step=step, **settings)
-            generated_through = complete_through(buffer, step)
-            if dropped or generated_through != expected:
-                buffer, generated_through = None, step - 1  # not the saved pipeline: regenerate from the cut
-                print(f"grpo-sdk: the replay buffer in {restore_dir / ASYNC_DIR} does not hold what its checkpoint "
-                      f"saved (steps {step + 1}..{expected + 1}); regenerating them from the data frontier of step "
-                      f"{step + 1}", file=sys.stderr, flush=True)
-            elif "resume" in saved:  # the frontier after the saved targets (newest: drawn ones may be lost)
-                rewind_to(saved["resume"], counters, prompts)
-        if buffer is None:
-            rewind_to_cut(saved, counters, prompts)
-    collector = TrajectoryCollector(step_rollouts, buffer or ReplayBuffer(**settings, taken_through=step - 1),
-                                    counters, generated_through=generated_through,
-                                    num_threads=config.cluster.num_threads, max_failures=a.max_generation_failures)
-    if buffer is not None:  # the restored targets' metrics, as the uninterrupted run logs them
-        collector.results = {int(t): TargetResult(**r) for t, r in saved["results"].items()}
-    collector.start()
-    return collector
 
 
 class AsyncRollouts:
@@ -99,10 +51,10 @@ class AsyncRollouts:
         source.stop()
 
     The collector is a ``TrajectoryCollector`` in this process, or on a runtime that offers one
-    (Ray: ``grpo_sdk.trainer.collector_worker``) a proxy with the same methods over the collector's actor.
+    (Ray: ``grpo_sdk.rollouts.collector_worker``) a proxy with the same methods over the collector's actor.
     """
 
-    def __init__(self, config: Any, step_rollouts: StepRollouts, state: Any, runtime: Any = None):
+    def __init__(self, config: MasterConfig, step_rollouts: StepRollouts, state: Any, runtime: Any = None):
         self.config = config
         self.step_rollouts = step_rollouts
         self.state = state  # TrainerState: the collector's counters; its ``rollouts`` dict is ours
@@ -122,7 +74,7 @@ class AsyncRollouts:
         """Start the collector (its buffer restored from ``restore_dir`` when it holds one) and grant
         the first targets. ``step`` is the next step to train (0-based target)."""
         if hasattr(self.runtime, "start_actor_on_driver_node"):  # Ray: next to the generation workers
-            from grpo_sdk.trainer.collector_worker import start_remote_collector
+            from grpo_sdk.rollouts.collector_worker import start_remote_collector
 
             self.collector = start_remote_collector(self.runtime, self.step_rollouts, self.state, step=step,
                                                     restore_dir=restore_dir)

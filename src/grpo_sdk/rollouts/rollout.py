@@ -1,4 +1,4 @@
-"""Rollouts: tokenize prompts, play G episodes each (``trainer.episodes``), build the batch.
+"""Rollouts: tokenize prompts, play G episodes each (``rollouts.episodes``), build the batch.
 
 Decoding and the loss mask stop at the same place, the first stop token or ``max_new_tokens``
 (a prototype that decoded up to ``<pad>`` but masked up to ``<eos>`` taught the policy to emit
@@ -18,7 +18,7 @@ environment turns between them; ``generated_mask`` tells the sampled tokens (the
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import attrs
 import torch
@@ -26,9 +26,12 @@ import torch
 from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
-from grpo_sdk.trainer.data import Prompt, PromptBuilder
-from grpo_sdk.trainer.environment_step import prompt_message
-from grpo_sdk.trainer.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
+from grpo_sdk.data.prompts import Prompt, PromptBuilder
+from grpo_sdk.rollouts.environment_step import prompt_message
+from grpo_sdk.rollouts.episodes import Episode, episode_metrics, flag_malformed_thinking, left_pad, run_episodes
+
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
 
 
 def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_tokens: int) -> list[list[int]]:
@@ -48,21 +51,6 @@ def tokenize_prompts(tokenizer: Any, prompts: Sequence[Prompt], max_prompt_token
                             "allowed (data.max_input_seq_length, or policy.max_total_sequence_length - "
                             "policy.generation.max_new_tokens)")
     return ids
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and attention mask, each row right-aligned.
-
-    One tensor built from all rows at once: per-row tensor assignments cost ~10 us each, which at
-    hundreds of rows per step was a visible share of a small model's step.
-    """
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    width = int(lengths.max()) if len(rows) else 0
-    mask = torch.arange(width) >= (width - lengths)[:, None]
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    # Row-major order of the mask's True cells is the rows' tokens concatenated.
-    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    return ids, mask.long()
 
 
 def prompt_log(prompt: Prompt, prompt_ids: Sequence[int]) -> list[Message]:
@@ -180,10 +168,12 @@ class RolloutBatch:
             group_ids=self.group_ids,
             rewards=self.rewards,
             extras={f"reward/{name}": value for name, value in self.reward_components.items()},
+            reward_components=dict(self.reward_components), reward_valid=self.reward_valid, truncated=self.truncated,
+            response_start=int(self.prompt_ids.shape[1]), message_logs=self.message_logs, metadata=self.metadata,
         )
 
 
-def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: Any,
+def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, environment: Any, cfg: MasterConfig,
                      sampling: SamplingParams, max_prompt_tokens: int, group_offset: int,
                      num_generations: int | None = None) -> tuple[RolloutBatch, dict[str, float]]:
     """Play ``num_generations`` (default ``grpo.num_generations_per_prompt``) episodes per prompt,
@@ -195,7 +185,7 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
                         source=prompt.source, chat=chat or prompt.messages is not None)
                 for prompt, ids in zip(prompts, prompt_ids) for _ in range(G)]
     if isinstance(environment, RunsAgents):  # the agents play the turns over the rollout endpoint
-        from grpo_sdk.trainer.agent_rollouts import play_agents
+        from grpo_sdk.rollouts.agent_rollouts import play_agents
 
         names, env_metrics = play_agents(
             episodes, [p for p in prompts for _ in range(G)], environment=environment, generation=generation,
@@ -206,7 +196,7 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
             episodes, generation=generation, environment=environment, env_name=cfg.env.name,
             on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
             max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
-    if cfg.grpo.malformed_thinking_advantage is not None:  # the seed's NeMo-Gym flagged these; any episode here
+    if cfg.grpo.malformed_thinking_advantage is not None:  # NeMo-RL's NeMo-Gym flagged these; any episode here
         flag_malformed_thinking(episodes, *cfg.reward_penalties.thinking_tags)
     batch = batch_of(episodes, names, tokenizer.pad_token_id,
                      torch.arange(group_offset, group_offset + len(prompts)).repeat_interleave(G))
@@ -214,31 +204,67 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
 
 
 def batch_of(episodes: list[Episode], names: list[str], pad_token_id: int, group_ids: torch.Tensor) -> RolloutBatch:
-    """The finished episodes as one batch: prompts left-padded, everything after them right-padded."""
+    """The finished episodes as one batch: prompts left-padded, everything after them right-padded.
+    Single-turn, the response tensors are the generation's own rows (``sampled_responses``)."""
     prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], pad_token_id)
-    width = max((len(e.tokens) for e in episodes), default=0)
-
-    def right(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype).reshape(-1, width)
-
-    oldest = min((v for e in episodes for v, g in zip(e.versions, e.generated) if g), default=0)
-    versions = right([e.versions for e in episodes], oldest, torch.long)
-    single_turn = all(all(e.generated) for e in episodes)
+    responses = sampled_responses(episodes, pad_token_id)
+    if responses is None:
+        responses = listed_responses(episodes, pad_token_id)
+    response_ids, lengths, logprobs, versions, generated = responses
+    oldest = int(versions[generated].min()) if bool(generated.any()) else 0
+    after = torch.arange(response_ids.shape[1])[None, :] >= lengths[:, None]
+    versions = torch.where(after, oldest, versions)  # past the response: the oldest, as if sampled by it
     failed = torch.tensor([e.failure is not None for e in episodes], dtype=torch.bool)
     missing = torch.tensor([e.failure is None and not e.scored for e in episodes], dtype=torch.bool)
+    single_turn = all(all(e.generated) for e in episodes)
     return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=right([e.tokens for e in episodes],
-                                                                            pad_token_id, torch.long),
-        response_lengths=torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long),
-        generation_logprobs=right([e.logprobs for e in episodes], 0.0, torch.float32),
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_lengths=lengths,
+        generation_logprobs=logprobs,
         truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool), group_ids=group_ids,
         reward_components={n: torch.tensor([e.rewards.get(n, 0.0) if e.failure is None else 0.0 for e in episodes],
                                            dtype=torch.float32) for n in names},
         reward_valid=~failed & ~missing, reward_missing=missing,
         message_logs=[e.log for e in episodes], metadata=[e.metadata for e in episodes], pad_token_id=pad_token_id,
         weight_version=oldest, token_weight_versions=None if bool((versions == oldest).all()) else versions,
-        generated_mask=None if single_turn else right([e.generated for e in episodes], False, torch.bool),
+        generated_mask=None if single_turn else generated,
     )
+
+
+Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""``[B, R]`` token ids (pad after the response), ``[B]`` lengths, ``[B, R]`` float32 logprobs (0
+after), ``[B, R]`` weight versions (any value after) and ``[B, R]`` bool: sampled by the model."""
+
+
+def sampled_responses(episodes: list[Episode], pad_token_id: int) -> Responses | None:
+    """The responses as rows of the one ``GenerationOutput`` every episode's only turn came from
+    (cut where each episode's room ended), with no trip through Python lists; None otherwise."""
+    first = episodes[0].sampled if episodes else None
+    if first is None or any(e.sampled is None or e.sampled[0] is not first[0] for e in episodes):
+        return None
+    out = first[0]
+    rows = torch.tensor([e.sampled[1] for e in episodes], dtype=torch.long)
+    lengths = torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long)
+    width = int(lengths.max())
+    kept = torch.arange(width)[None, :] < lengths[:, None]
+    ids = torch.where(kept, out.response_ids.cpu()[rows, :width].long(), pad_token_id)
+    logprobs = torch.where(kept, out.logprobs.cpu()[rows, :width].float(), 0.0)
+    versions = out.token_weight_versions.cpu()[rows, :width].long() if out.token_weight_versions is not None \
+        else torch.full((len(episodes), width), out.weight_version, dtype=torch.long)
+    return ids, lengths, logprobs, versions, kept
+
+
+def listed_responses(episodes: list[Episode], pad_token_id: int) -> Responses:
+    """The responses from each episode's token lists (multi-turn, agents): every turn, the
+    environment's tokens between the assistant's."""
+    width = max((len(e.tokens) for e in episodes), default=0)
+
+    def right(rows: list[list[Any]], value: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype).reshape(-1, width)
+
+    return (right([e.tokens for e in episodes], pad_token_id, torch.long),
+            torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long),
+            right([e.logprobs for e in episodes], 0.0, torch.float32), right([e.versions for e in episodes], 0, torch.long),
+            right([e.generated for e in episodes], False, torch.bool))
 
 
 def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[str, float]:
@@ -267,10 +293,10 @@ def rollout_metrics(batches: list[RolloutBatch], trivial: torch.Tensor) -> dict[
     return metrics
 
 
-def example_of(rollouts: RolloutBatch | None) -> dict[str, Any] | None:
-    """The first sample of a batch, for the end-of-run summary."""
+def example_of(rollouts: RolloutBatch | TrainBatch | None) -> dict[str, Any] | None:
+    """The first sample of a step's batch, for the end-of-run summary."""
     if rollouts is None or rollouts.batch_size == 0:
         return None
     log = rollouts.message_logs[0]
     return {"prompt": prompt_message(log).content, "response": log[-1].content, "reward": float(rollouts.rewards[0]),
-            "valid": bool(rollouts.reward_valid[0])}
+            "valid": rollouts.reward_valid is None or bool(rollouts.reward_valid[0])}

@@ -26,10 +26,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import attrs
+import torch
 
 from grpo_sdk.core.records import GenerationInput, Message, SamplingParams
 from grpo_sdk.serving.continuation import EnvironmentTurns
-from grpo_sdk.trainer.environment_step import step_environment
+from grpo_sdk.rollouts.environment_step import step_environment
+
 
 @attrs.define(kw_only=True, eq=False)
 class Episode:
@@ -51,10 +53,28 @@ class Episode:
     truncated: bool = False
     stop_token: int | None = None  # the token that ended the last assistant turn; None: it ran out of tokens
     full: bool = False  # the sequence reached policy.max_total_sequence_length: nothing more can follow
+    # (GenerationOutput, row) of the episode's only turn, so the batch takes its tensors as sampled;
+    # None once anything follows that turn (the batch is then built from the lists above)
+    sampled: tuple[Any, int] | None = None
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.tokens
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, P]`` ids and attention mask, each row right-aligned.
+
+    One tensor built from all rows at once: per-row tensor assignments cost ~10 us each, which at
+    hundreds of rows per step was a visible share of a small model's step.
+    """
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    width = int(lengths.max()) if len(rows) else 0
+    mask = torch.arange(width) >= (width - lengths)[:, None]
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    # Row-major order of the mask's True cells is the rows' tokens concatenated.
+    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+    return ids, mask.long()
 
 
 def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, env_name: str, on_error: str,
@@ -62,9 +82,6 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
                  turns: EnvironmentTurns | None = None) -> tuple[list[str], dict[str, float]]:
     """Play every episode to its end; the reward components' names and the environment's metrics
     (each call's, weighted by its samples)."""
-    from grpo_sdk.trainer.rollout import left_pad  # rollout builds batches from episodes: import here, no cycle
-
-    turns = turns or EnvironmentTurns(tokenizer)
     names: set[str] = set()
     sums: dict[str, float] = {}
     samples = 0
@@ -95,7 +112,9 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
             sums[key] = sums.get(key, 0.0) + value * len(active)
         samples += len(active)
         going = _apply_results(active, results, last_turn=turn == max_turns)
-        _append_environment_turns(going, turns, max_total_tokens)
+        if going:  # a single-turn rollout never builds the chat continuation
+            turns = turns or EnvironmentTurns(tokenizer)
+            _append_environment_turns(going, turns, max_total_tokens)
     for episode in episodes:
         episode.done = True
     return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
@@ -114,6 +133,7 @@ def _take_turn(active: list[Episode], room: list[int], out: Any, tokenizer: Any)
         episode.stop_token = ids[-1] if stopped[i] and n == lengths[i] and ids else None
         episode.truncated = episode.stop_token is None
         episode.full = n >= room[i]
+        episode.sampled = (out, i) if not episode.tokens else None
         episode.tokens += ids
         episode.generated += [True] * n
         episode.logprobs += turn_logprobs
@@ -216,20 +236,20 @@ def flag_malformed_thinking(episodes: Sequence[Episode], open_tag: str, close_ta
 OVERRIDES = {"invalid_tool_call": "invalid_tool_call_advantage", "malformed_thinking": "malformed_thinking_advantage"}
 
 
-def override_turn_advantages(advantages: Any, rollouts: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
-    """The seed's message-level overrides: every token of an assistant turn flagged
+def override_turn_advantages(advantages: Any, batch: Any, grpo: Any) -> tuple[Any, dict[str, float]]:
+    """NeMo-RL's message-level overrides: every token of an assistant turn flagged
     ``invalid_tool_call`` (``malformed_thinking``) gets ``grpo.invalid_tool_call_advantage``
     (``grpo.malformed_thinking_advantage``) in place of the estimator's advantage; a turn with both
     flags takes the first. Applied after advantage clipping, so the configured value is what the
-    turn gets (the seed clipped after, which could cancel a penalty below advantage_clip_low).
-    Returns the advantages (a copy when any changed) and the seed's metrics."""
+    turn gets (NeMo-RL clipped after, which could cancel a penalty below advantage_clip_low).
+    Returns the advantages (a copy when any changed) and NeMo-RL's metrics."""
     values = {flag: getattr(grpo, key) for flag, key in OVERRIDES.items() if getattr(grpo, key) is not None}
     if not values:
         return advantages, {}
     counts = dict.fromkeys(OVERRIDES, 0)
     turns, changed = 0, False
-    start = rollouts.prompt_ids.shape[1]
-    for row, log in enumerate(rollouts.message_logs):
+    start = batch.response_start
+    for row, log in enumerate(batch.message_logs):
         offset = start
         for message in response_messages(log):
             stop = offset + len(message.token_ids)

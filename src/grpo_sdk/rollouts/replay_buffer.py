@@ -11,7 +11,7 @@ Invariants, checked where they can first be broken (an ``ReplayBufferError`` nam
 * at most P groups per target, at most ``(A + 1) * P`` in all (exact reservation never reaches it),
   no ordinal twice, nothing for a target already taken;
 * ``take`` removes groups only when it returns them: a short target returns None and keeps them
-  (the seed dropped a wrong-size batch after removing it, losing its trajectories).
+  (NeMo-RL dropped a wrong-size batch after removing it, losing its trajectories).
 
 Checkpoint files (inside the checkpoint's directory, so its manifest checksums them; no pickle):
 ``buffer.json`` (settings, and per group its tags, messages and metadata) and
@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from grpo_sdk.core.errors import ConfigError, GrpoSdkError
 from grpo_sdk.core.files import fsync_dir, write_text_atomic
 from grpo_sdk.core.records import Message
-from grpo_sdk.trainer.rollout import RolloutBatch
+from grpo_sdk.rollouts.rollout import RolloutBatch
 
 BUFFER_JSON = "buffer.json"
 BUFFER_TENSORS = "buffer.safetensors"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -38,6 +38,9 @@ from grpo_sdk.runtime.groups import (EnvironmentPool, GenerationGroup, WorkerGro
                                     local_sampler_factory)
 from grpo_sdk.runtime.workers import ComponentWorker, attribute_op, worker_registry
 
+if TYPE_CHECKING:
+    from grpo_sdk.config.schema import MasterConfig
+
 STOP_MARGIN_S = 60.0  # a remote wait gets this much longer than the wait itself, which reports first
 
 
@@ -45,7 +48,7 @@ STOP_MARGIN_S = 60.0  # a remote wait gets this much longer than the wait itself
 class CollectorSpec:
     """What the collector actor needs to build the collecting side of the loop (all picklable)."""
 
-    config: Any  # MasterConfig
+    config: MasterConfig
     context: Any  # RunContext, registry=None
     generation_workers: tuple[WorkerHandle, ...]
     generation_methods: frozenset[str]
@@ -90,9 +93,9 @@ class CollectorWorker(ComponentWorker):
     def setup(self, spec: CollectorSpec) -> dict[str, Any]:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from grpo_sdk.core.models import load_tokenizer
-        from grpo_sdk.trainer.async_rollouts import open_collector
-        from grpo_sdk.trainer.prompt_sources import make_prompt_source
-        from grpo_sdk.trainer.step_rollouts import StepRollouts
+        from grpo_sdk.rollouts.collector import open_collector
+        from grpo_sdk.data.prompt_sources import make_prompt_source
+        from grpo_sdk.rollouts.step_rollouts import StepRollouts
 
         if Path(spec.cwd).is_dir():
             os.chdir(spec.cwd)
@@ -122,7 +125,7 @@ class CollectorWorker(ComponentWorker):
         return {"pid": os.getpid(), "node": self.ping()["node"], "methods": []}
 
     def teardown(self) -> None:
-        from grpo_sdk.trainer.agent_rollouts import close_endpoints
+        from grpo_sdk.rollouts.agent_rollouts import close_endpoints
 
         try:
             if self.component is not None:
