@@ -12,16 +12,13 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "grpo_sdk"
 PHRASE = re.compile(r"\bthe\s+(?:#\s*)?seed(?:'s)?\b|\bseed users?\b", re.IGNORECASE)
-# Being rewritten on other branches of issue 34 while this rule landed: drop each entry once the
-# rewrite is merged and its text says NeMo-RL.
-PENDING = ("backends/hf/", "backends/megatron/")
 
 
 def offending_lines() -> list[str]:
     found = []
     for path in sorted(SRC.rglob("*")):
         relative = path.relative_to(SRC).as_posix()
-        if not path.is_file() or relative.startswith(PENDING) or "__pycache__" in path.parts:
+        if not path.is_file() or "__pycache__" in path.parts:
             continue
         try:
             text = path.read_text(encoding="utf-8")

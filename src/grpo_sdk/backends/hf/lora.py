@@ -63,7 +63,7 @@ def target_modules(model: torch.nn.Module, cfg: Any) -> list[str]:
                                 f"{unknown} match no linear layer of the model; its linear layers are named {listing}")])
         chosen = [name for name in linear if _matches(name, cfg.target_modules)]
     elif cfg.match_all_linear:
-        chosen = [name for name in linear if name not in heads]  # the seed's rule: never the LM head
+        chosen = [name for name in linear if name not in heads]  # NeMo-RL's rule: never the LM head
     else:
         raise ConfigError([("policy.lora.target_modules", "is empty and policy.lora.match_all_linear is false: no "
                             f"layer would get an adapter; name some of the model's linear layers ({listing})")])

@@ -329,7 +329,7 @@ class HFPolicy:
 
 def _batching(policy_cfg) -> dict | None:
     """``policy.dynamic_batching`` or ``policy.sequence_packing`` (the config check allows one), with
-    null budgets resolved to the seed's defaults; None when both are off (fixed row counts)."""
+    null budgets resolved to NeMo-RL's defaults; None when both are off (fixed row counts)."""
     for name, pack in (("sequence_packing", True), ("dynamic_batching", False)):
         block = getattr(policy_cfg, name)
         if block.enabled:

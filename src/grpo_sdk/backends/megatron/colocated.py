@@ -7,7 +7,7 @@ refit) only when both live in one process: ``cluster.runtime=local`` with
 ``publish_policy``; the generation, built next with the same ``RunContext``, finds it with
 ``published_policy`` (``grpo_sdk.plugins.toolkit``'s registry, which the hf backends use too).
 On Ray the policy and the generation are separate actors, so each generation replica
-holds its own model and takes the policy's weights in Hugging Face names (the seed instead runs
+holds its own model and takes the policy's weights in Hugging Face names (NeMo-RL instead runs
 colocated generation inside the policy workers: not built here).
 """
 

@@ -1,6 +1,6 @@
 """Options of the megatron policy backend (``policy.megatron``); light: no torch, no megatron here.
 
-Key names are the seed's ``policy.megatron_cfg`` names (design/megatron-config.md §1). The run-level
+Key names are NeMo-RL's ``policy.megatron_cfg`` names (design/megatron-config.md §1). The run-level
 keys stay where they are and the megatron policy reuses them: ``policy.optimizer.*``,
 ``policy.scheduler.*``, ``policy.max_grad_norm``, ``policy.precision``.
 """
