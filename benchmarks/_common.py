@@ -194,7 +194,8 @@ def sdk_step(trainer) -> dict[str, Any]:
     metrics, batch = trainer.train_step()
     wall = time.perf_counter() - start
     trainer.state.step += 1
-    return {**metrics, "wall": wall, "lengths": batch.response_lengths.tolist()}
+    # The step record's generated tokens per row: single-turn, each response's length.
+    return {**metrics, "wall": wall, "lengths": batch.token_mask.sum(1).long().tolist()}
 
 
 # --- TRL -----------------------------------------------------------------------------------------

@@ -241,7 +241,8 @@ def grpo_step_end(run: Any, step: int, metrics: dict[str, float]) -> None:
         return
     wall = time.perf_counter() - SdkWorker.tick  # train_step, the metrics' logging and the hooks: grpoctl's step
     phases = {k[len("timing/"):]: v for k, v in metrics.items() if k.startswith("timing/") and k.count("/") == 1}
-    lengths = run.last_rollouts.response_lengths.tolist() if run.last_rollouts is not None else []
+    batch = run.last_batch  # the step record: its generated tokens per row are the response lengths (single-turn)
+    lengths = batch.token_mask.sum(1).long().tolist() if batch is not None else []
     say(event="step", step=step, wall=wall, phases=phases, reward=metrics.get("reward/mean"), lengths=lengths)
     _serve_sdk(run)
 
