@@ -14,21 +14,8 @@ from hypothesis import strategies as st
 
 from grpo_sdk.estimators.grpo import GRPOEstimator, baseline_and_std_per_group, grpo_advantages
 from grpo_sdk.estimators.specs import GRPOEstimatorConfig
-from grpo_sdk.plugins.advantage_calls import input_of
 
-
-
-def advantages_of(estimator, rewards, group_ids, mask, **extras):
-    """The estimator's advantages for these tensors, through the typed call (``AdvantageInput``)."""
-    return estimator.compute_advantages(input_of(rewards, group_ids, mask, **extras))
-
-def t(values):
-    return torch.tensor(values, dtype=torch.float32)
-
-
-def ids(*sizes):
-    return torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
-
+from helpers.estimators import advantages_of, ids, t
 
 S = 1 / math.sqrt(2)
 

@@ -21,26 +21,14 @@ from grpo_sdk.estimators.grpo import GRPOEstimator
 from grpo_sdk.estimators.opd import OPDEstimator, pad_teacher_logprobs
 from grpo_sdk.estimators.reinforce_plus_plus import ReinforcePlusPlusEstimator
 from grpo_sdk.estimators.rloo import RLOOEstimator
-from grpo_sdk.plugins.advantage_calls import input_of
 from grpo_sdk.estimators.specs import GDPOEstimatorConfig, GRPOEstimatorConfig, ReinforcePlusPlusConfig
 from grpo_sdk.plugins.registry import Registry
+
+from helpers.estimators import advantages_of, ids, t
 
 S = 1 / math.sqrt(2)
 GAP = "on_policy_distillation/teacher_student_logprob_gap_mean"
 ADV_MEAN, ADV_STD = "on_policy_distillation/adv_mean", "on_policy_distillation/adv_std"
-
-
-
-def advantages_of(estimator, rewards, group_ids, mask, **extras):
-    """The estimator's advantages for these tensors, through the typed call (``AdvantageInput``)."""
-    return estimator.compute_advantages(input_of(rewards, group_ids, mask, **extras))
-
-def t(values):
-    return torch.tensor(values, dtype=torch.float32)
-
-
-def ids(*sizes):
-    return torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
 
 
 def kl_context(beta=0.1, kl_type="k3", **loss):
