@@ -1,8 +1,9 @@
 """How many source files a reader opens to follow one GRPO step: the grpo_sdk files whose
 functions run during one step of a recipe (default: the built-in one), with their line counts.
 
-It traces calls from the end of step ``--after`` to the end of the next step (rollout, logprobs,
-advantages, training, weight sync, logging), so setup and the run's end are not counted. Files
+It traces calls, on every thread, from the end of step ``--after`` to the end of the next step
+(rollout, scoring, logprobs, advantages, training, weight sync, logging), so setup and the run's
+end are not counted; ``api.py`` is this script's own callback. Files
 that only define records or protocols (no function of theirs runs) are not counted either; the
 list at the end names them when the step's code imports them. Issue 34's goal: at most 12 files.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import grpo_sdk
@@ -37,10 +39,13 @@ def main() -> int:
                 files[name] = files.get(name, 0) + 1
 
     def on_step(step: int, metrics: dict) -> None:
+        # Threads too: the environment is called on a helper thread under its deadline.
         if step == args.after:
+            threading.setprofile(profile)
             sys.setprofile(profile)
         elif step == args.after + 1:
             sys.setprofile(None)
+            threading.setprofile(None)
 
     overrides = [f"grpo.max_num_steps={args.after + 2}", "grpo.val_period=0", "checkpointing.enabled=false",
                  *args.overrides]
