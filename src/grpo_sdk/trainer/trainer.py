@@ -328,39 +328,15 @@ class GRPOTrainer:
             sample_mask = sample_mask * (~rollouts.truncated).float()
         batch = rollouts.to_train_batch(sample_mask)
 
-        tick = time.perf_counter()
+        # One span of training memory (cluster.malloc_mmap_threshold) from the logprobs to the optimizer step.
         with while_training(cfg.cluster.malloc_mmap_threshold):
-            if parts.needs_prev_logprobs:
-                batch.prev_logprobs = parts.policy.logprobs(batch)
-            if parts.context.needs_reference:
-                batch.reference_logprobs = parts.policy.reference_logprobs(batch)
-            if parts.teacher is not None:
-                batch.teacher_logprobs = parts.teacher.logprobs(batch)
-        timings["logprobs"] = time.perf_counter() - tick
-
-        if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
-            errors, valid = seq_logprob_errors(batch.prev_logprobs, batch.generation_logprobs, batch.token_mask,
-                                               batch.sample_mask)
-            batch.sample_mask, seq_metrics = mask_by_seq_logprob_error(
-                errors, valid, batch.sample_mask, batch.rewards, cfg.grpo.seq_logprob_error_threshold)
-            metrics.update(seq_metrics)
-
-        advantages = parts.estimator.compute_advantages(batch.advantage_input())
-        batch.advantages, override_metrics = override_turn_advantages(
-            clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high), batch, cfg.grpo)
-        metrics.update(override_metrics)
-        if isinstance(parts.estimator, ReportsMetrics):
-            metrics.update(parts.estimator.last_metrics)
-        response_advantages = batch.advantages[batch.loss_mask > 0]
-        if response_advantages.numel():
-            metrics.update({"advantages/mean": float(response_advantages.mean()),
-                            "advantages/min": float(response_advantages.min()),
-                            "advantages/max": float(response_advantages.max())})
-
-        tick = time.perf_counter()
-        with while_training(cfg.cluster.malloc_mmap_threshold):
+            tick = time.perf_counter()
+            self._logprobs(batch)
+            timings["logprobs"] = time.perf_counter() - tick
+            metrics.update(self._advantages(batch))
+            tick = time.perf_counter()
             metrics.update(parts.policy.train(batch, parts.loss_fn))
-        timings["train"] = time.perf_counter() - tick
+            timings["train"] = time.perf_counter() - tick
         if cfg.logger.dump_train_data:
             dump_batch(self.run_dir / "train_data" / f"step_{self.state.step + 1}.jsonl", batch)
 
@@ -380,6 +356,40 @@ class GRPOTrainer:
     def collect_rollouts(self) -> tuple[RolloutBatch, dict[str, float]]:
         """Rollouts for the next step, through the reward pipeline (``StepRollouts``)."""
         return self.components.step_rollouts.collect(self.state.step + 1, self.state)
+
+    def _logprobs(self, batch: TrainBatch) -> None:
+        """The logprobs the step needs beyond the generation's: the old policy's, the reference's and
+        the teacher's, each only when something reads it (``Components.needs_prev_logprobs``)."""
+        parts = self.components
+        if parts.needs_prev_logprobs:
+            batch.prev_logprobs = parts.policy.logprobs(batch)
+        if parts.context.needs_reference:
+            batch.reference_logprobs = parts.policy.reference_logprobs(batch)
+        if parts.teacher is not None:
+            batch.teacher_logprobs = parts.teacher.logprobs(batch)
+
+    def _advantages(self, batch: TrainBatch) -> dict[str, float]:
+        """Mask samples whose logprobs disagree (when asked), then fill ``batch.advantages``: the
+        estimator's, clipped, with the flagged turns' overrides. Returns the metrics of it."""
+        cfg, parts, metrics = self.config, self.components, {}
+        if batch.prev_logprobs is not None and not cfg.loss_fn.seq_logprob_error_in_loss:
+            errors, valid = seq_logprob_errors(batch.prev_logprobs, batch.generation_logprobs, batch.token_mask,
+                                               batch.sample_mask)
+            batch.sample_mask, seq_metrics = mask_by_seq_logprob_error(
+                errors, valid, batch.sample_mask, batch.rewards, cfg.grpo.seq_logprob_error_threshold)
+            metrics.update(seq_metrics)
+        advantages = parts.estimator.compute_advantages(batch.advantage_input())
+        batch.advantages, override_metrics = override_turn_advantages(
+            clip_advantages(advantages, cfg.grpo.advantage_clip_low, cfg.grpo.advantage_clip_high), batch, cfg.grpo)
+        metrics.update(override_metrics)
+        if isinstance(parts.estimator, ReportsMetrics):
+            metrics.update(parts.estimator.last_metrics)
+        response_advantages = batch.advantages[batch.loss_mask > 0]
+        if response_advantages.numel():
+            metrics.update({"advantages/mean": float(response_advantages.mean()),
+                            "advantages/min": float(response_advantages.min()),
+                            "advantages/max": float(response_advantages.max())})
+        return metrics
 
     # --- validation -----------------------------------------------------------------------------
 
