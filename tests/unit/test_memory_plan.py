@@ -57,6 +57,9 @@ def test_autocast_lora_and_the_kl_penalty_add_their_own_parts(registry):
     assert lora["lora_adapters"] > 0 and "reference_model" not in lora  # the base with the adapters off
     full = plan_parts(registry, "loss_fn.reference_policy_kl_penalty=0.05")
     assert full["reference_model"] == full["weights"]
+    halved = plan_parts(registry, "policy.lora.enabled=true", "policy.optimizer.moments_dtype=bfloat16")
+    plain = plan_parts(registry, "policy.lora.enabled=true")
+    assert halved["lora_adapters"] * 16 == plain["lora_adapters"] * 12  # 4 + 4 + 4 B against 4 + 4 + 8 B a value
 
 
 def test_the_longest_prompt_found_in_the_data_replaces_the_config_bound(registry):

@@ -215,11 +215,12 @@ def _states(cfg: MasterConfig, params: int, shape: ModelShape | None, teacher: M
     if lora:  # the base is frozen: the optimizer holds the adapters only
         adapters = shape.lora_parameters(policy.lora.rank) if shape is not None else 0
         parts["gradients"] = parts["adamw_moments"] = 0
-        parts["lora_adapters"] = adapters * (4 + 4 + ADAM_MOMENT_BYTES)
+        moments = adam_moment_bytes(cfg)  # policy.optimizer.moments_dtype applies to the adapters too
+        parts["lora_adapters"] = adapters * (4 + 4 + moments)
         notes["gradients"] = notes["adamw_moments"] = "the base is frozen (policy.lora): the adapters' only"
         notes["lora_adapters"] = (f"{adapters:,} adapter values (rank {policy.lora.rank} on every linear layer) x "
-                                  "(weight, gradient, 2 AdamW moments) x 4 B" if shape is not None
-                                  else "not counted: the model's shape is unknown")
+                                  f"(weight and gradient, 4 B each; 2 AdamW moments, {moments} B together)"
+                                  if shape is not None else "not counted: the model's shape is unknown")
     else:
         halved = policy.optimizer.moments_dtype == "bfloat16"
         parts["gradients"], parts["adamw_moments"] = params * width, params * adam_moment_bytes(cfg)
