@@ -231,3 +231,20 @@ def test_hf_memory_prints_both_peaks_and_the_ratios():
     for variant in ("checkpointing", "autocast"):
         assert re.search(rf"^{variant} vs plain: step memory .* MB \([\d.-]+x\), step time .* s \([\d.]+x\)$", out,
                          re.MULTILINE), out
+
+
+def test_sampler_waste_splits_a_rollout_and_measures_the_decode_waste():
+    recipe = ROOT / "src" / "grpo_sdk" / "recipes" / "tiny_reverse.yaml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(BENCH / "sampler_waste.py"), "-c", str(recipe), "--rounds", "2",
+                          "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rounds = re.findall(r"round \d: rows 16, .* decode waste (\d\.\d\d); wall ([\d.]+) s = prefill ([\d.]+) \+ decode "
+                        r"forwards ([\d.]+) \((\d+) steps", out.stdout)
+    assert len(rounds) == 2, out.stdout
+    for waste, wall, prefill, decode, steps in rounds:
+        assert 0 <= float(waste) < 1 and float(prefill) + float(decode) <= float(wall) and int(steps) >= 1
+    bad = subprocess.run([sys.executable, str(BENCH / "sampler_waste.py"), "-c", str(recipe), "grpo.nope=1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "grpo.nope" in bad.stderr and "Traceback" not in bad.stderr
