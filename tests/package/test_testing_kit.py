@@ -89,6 +89,29 @@ def test_a_fitting_component_passes_every_check(fake_site, tiny_model_dir, tmp_p
     assert abs(rows[1]["token_mult_prob_error"] - 1) < 0.01
 
 
+TYPED_SIGNATURE = ("def compute_advantages(self, batch):\n"
+                   "        rewards, group_ids, mask = batch.rewards, batch.group_ids, batch.mask")
+
+
+def test_an_estimator_taking_the_typed_input_passes_without_a_deprecation(fake_site, tiny_model_dir, tmp_path):
+    import warnings
+
+    registry = install_kit(fake_site, signature=TYPED_SIGNATURE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # only API 1's form is adapted, with a warning
+        impl = check_protocol("estimator", "kit", registry=registry)
+    assert impl.__name__ == "KitEstimator" and "api1_estimator" not in impl.__dict__
+    rows = run_training("estimator", "kit", steps=2, registry=registry, model_dir=tiny_model_dir,
+                        run_dir=tmp_path / "run")
+    assert [row["step"] for row in rows] == [1, 2]
+
+
+def test_an_estimator_that_takes_nothing_is_explained(fake_site):
+    registry = install_kit(fake_site, signature="def compute_advantages(self):\n        rewards = group_ids = None")
+    with pytest.raises(ContractError, match=r"compute_advantages\(\) does not fit compute_advantages\(batch\)"):
+        check_protocol("estimator", "kit", registry=registry)
+
+
 def kit_reward(completions, **columns):
     """A reward function the reward_functions environment's config check can import (its folder is on sys.path)."""
     return [0.0] * len(completions)
