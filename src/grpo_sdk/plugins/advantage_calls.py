@@ -46,18 +46,23 @@ def extras_of(batch: AdvantageInput) -> dict[str, Any]:
     return {name: getattr(batch, name) for name in EXTRAS}
 
 
+def typed_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AdvantageInput | None:
+    """The record when a call passed just one (``f(batch)`` or ``f(batch=batch)``), else None."""
+    given = args if not kwargs else tuple(kwargs.values()) if not args and list(kwargs) == ["batch"] else ()
+    return given[0] if len(given) == 1 and isinstance(given[0], AdvantageInput) else None
+
+
 def advantage_input(method: Callable[[Any, AdvantageInput], Any]) -> Callable[..., Any]:
     """Decorate ``compute_advantages(self, batch: AdvantageInput)`` so that the old call,
     ``(rewards, group_ids, mask, **extras)``, reaches it too (with a DeprecationWarning)."""
 
     @functools.wraps(method)
     def compute_advantages(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if len(args) == 1 and not kwargs and isinstance(args[0], AdvantageInput):
-            return method(self, args[0])
+        batch = typed_call(args, kwargs)
+        if batch is not None:
+            return method(self, batch)
         if not kwargs and not args:
             raise TypeError("compute_advantages() needs an AdvantageInput")
-        if "batch" in kwargs and not args and len(kwargs) == 1:
-            return method(self, kwargs["batch"])
         warnings.warn("compute_advantages(rewards, group_ids, mask, **extras) is plugin API 1's call; pass one "
                       "AdvantageInput(rewards=..., group_ids=..., mask=..., ...) instead",
                       DeprecationWarning, stacklevel=2)
@@ -95,8 +100,8 @@ def adapt_estimator_class(cls: type, name: str) -> type:
         old = cls.compute_advantages
 
         def compute_advantages(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if len(args) == 1 and not kwargs and isinstance(args[0], AdvantageInput):
-                batch = args[0]
+            batch = typed_call(args, kwargs)
+            if batch is not None:
                 return old(self, batch.rewards, batch.group_ids, batch.mask, **extras_of(batch))
             return old(self, *args, **kwargs)  # called the old way too, as its own tests and docs do
 
