@@ -175,13 +175,13 @@ RECORDS = {
     "ComponentSpec": "name, kind, impl, config=, requires=, extra=, api=, capabilities=, metrics=, summary=, check=",
     "ConfigSection": "name, config, summary=",
     "EnvironmentReturn": "rewards, done=, observations=, metadata=, metrics=, flags=",
-    "GenerationInput": "input_ids, attention_mask",
+    "GenerationInput": "input_ids, attention_mask, max_new_tokens=, seeds=",
     "GenerationOutput": ("response_ids, response_lengths, logprobs, truncated, weight_version=, "
                          "token_weight_versions="),
     "Message": "role, content, token_ids=, generation_logprobs=, flags=",
     "RunContext": ("config, run_dir, model_path, tokenizer_path, device, seed, needs_reference, registry=, "
                    "resume_step=, rank=, world_size=, eos_token_id=, pad_token_id="),
-    "SamplingParams": "max_new_tokens, temperature=, top_p=, top_k=, stop_token_ids=, seed=",
+    "SamplingParams": "max_new_tokens, temperature=, top_p=, top_k=, stop_token_ids=, seed=, ignore_eos=",
     "SyncStats": "version, num_tensors, num_bytes, seconds",
     "TrainBatch": ("input_ids, attention_mask, token_mask, sample_mask, generation_logprobs, group_ids, rewards, "
                    "advantages=, prev_logprobs=, reference_logprobs=, extras=, teacher_logprobs=, reward_components=, "

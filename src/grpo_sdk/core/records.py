@@ -73,6 +73,9 @@ class SamplingParams:
     top_k: int | None = None  # None or 0: no top-k filter
     stop_token_ids: tuple[int, ...] = ()  # stop on these as well as on the tokenizer's EOS
     seed: int | None = None  # sample from this seed, leaving the backend's own RNG untouched (validation)
+    # Do not stop at the tokenizer's EOS (stop_token_ids still stop): rows run to their budget. vLLM's
+    # ignore_eos; benchmarks use it to make every sampler decode the same per-row lengths.
+    ignore_eos: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +100,13 @@ class GenerationInput:
 
     input_ids: Tensor  # [B, P] long, left-padded with pad_token_id
     attention_mask: Tensor  # [B, P] long, 0 on padding
+    # [B] long: each row's own token budget, at most SamplingParams.max_new_tokens (a multi-turn episode's
+    # room left); None: max_new_tokens for every row. A backend that cannot honour it decodes up to
+    # max_new_tokens, and the rollout cuts the row at its budget.
+    max_new_tokens: Tensor | None = None
+    # [B] long: each row's sampling seed, so a row samples the same tokens whatever else is in the batch
+    # (vLLM's per-request seed); None: the backend draws them from its own RNG (SamplingParams.seed, if set).
+    seeds: Tensor | None = None
 
 
 @attrs.frozen(kw_only=True, eq=False)

@@ -23,6 +23,14 @@ class HFGenerationConfig:
                            "SDPA attention.")
     prompt_bucket: int = option(8, "With compile: prompts are left-padded to a multiple of this width, so few "
                                 "shapes are compiled.", validator=[attrs.validators.gt(0), attrs.validators.le(MAX_TOKENS)])
+    continuous_batching: bool = option(
+        True, "Rows leave the decode batch as they finish and waiting rows take their place (at most max_num_seqs "
+        "decode at once), the samples of one prompt share its prefill, and each row samples from its own seeded "
+        "generator (its tokens do not depend on the rest of the batch). false: the whole-batch loop, which "
+        "decodes every row until the longest ends and prefills each row (the loop before issue 35; compile "
+        "always uses it, for its static shapes).")
+    max_num_seqs: int = option(256, "With continuous_batching: the most rows decoding at once; the others wait and "
+                               "are admitted as rows finish.", validator=attrs.validators.gt(0))
     share_policy_model: Literal["auto", True, False] = option(
         "auto", "Sample with the hf policy's own module instead of a second copy of the model: no copy in "
         "memory (a 25M-parameter run's peak RSS drops by about the model's size) and the weight sync copies "

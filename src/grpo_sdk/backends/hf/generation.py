@@ -42,6 +42,19 @@ from grpo_sdk.plugins.tensors import DTYPES, position_ids_for, sample_token
 from grpo_sdk.plugins.toolkit import load_tokenizer, published_policy
 
 
+def stop_token_ids(eos_token_id: int, sampling: SamplingParams, device: torch.device) -> torch.Tensor:
+    """The tokens that end a row: the tokenizer's EOS (unless ``ignore_eos``) and ``stop_token_ids``."""
+    eos = () if sampling.ignore_eos else (eos_token_id,)
+    return torch.tensor([*eos, *sampling.stop_token_ids], dtype=torch.long, device=device)
+
+
+def row_budgets(prompts: GenerationInput, new_tokens: int, device: torch.device) -> torch.Tensor:
+    """``[B]``: each row's token budget (``GenerationInput.max_new_tokens``, capped at ``new_tokens``)."""
+    if prompts.max_new_tokens is None:
+        return torch.full((prompts.input_ids.shape[0],), new_tokens, dtype=torch.long, device=device)
+    return prompts.max_new_tokens.to(device=device, dtype=torch.long).clamp(0, new_tokens)
+
+
 class HFGeneration:
     """Samples with the hf policy's own module when it can (see the module docstring), else with a private
     copy of the model into which ``update_weights`` copies new weights in place.
@@ -155,11 +168,13 @@ class HFGeneration:
         input_ids = prompts.input_ids.to(self.device)
         attention_mask = prompts.attention_mask.to(self.device)
         rows, new_tokens = input_ids.shape[0], sampling.max_new_tokens
-        stop_ids = torch.tensor([self.eos_token_id, *sampling.stop_token_ids], device=self.device)
+        stop_ids = stop_token_ids(self.eos_token_id, sampling, self.device)
+        budgets = row_budgets(prompts, new_tokens, self.device)
         tokens = torch.full((rows, new_tokens), self.pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, new_tokens), dtype=torch.float32, device=self.device)
         lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        finished = budgets == 0
 
         generator = self.generator
         if sampling.seed is not None:  # e.g. validation: reproducible, and training's RNG stream is unaffected
@@ -177,7 +192,8 @@ class HFGeneration:
                 tokens[:, t] = torch.where(alive, token, self.pad_token_id)
                 logprobs[:, t] = torch.where(alive, token_logprob, 0.0)
                 lengths += alive.long()
-                finished |= torch.isin(token, stop_ids)
+                stopped |= alive & torch.isin(token, stop_ids)
+                finished |= stopped | (lengths >= budgets)
                 if t + 1 == new_tokens or bool(finished.all()):
                     break
                 self._between_decode_steps(t + 1)
@@ -191,7 +207,7 @@ class HFGeneration:
         width = int(lengths.max()) if rows else 0
         return GenerationOutput(
             response_ids=tokens[:, :width].cpu(), response_lengths=lengths.cpu(), logprobs=logprobs[:, :width].cpu(),
-            truncated=(~finished).cpu(), weight_version=first_version,
+            truncated=(~stopped).cpu(), weight_version=first_version,
             token_weight_versions=self._token_versions(versions, lengths, width),
         )
 
