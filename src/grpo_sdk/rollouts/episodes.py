@@ -23,6 +23,8 @@ fit; ``grpo.overlong_filtering`` drops truncated episodes from the loss.
 
 from __future__ import annotations
 
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Sequence
 
 import attrs
@@ -30,7 +32,7 @@ import torch
 
 from grpo_sdk.core.records import GenerationInput, Message, SamplingParams
 from grpo_sdk.serving.continuation import EnvironmentTurns
-from grpo_sdk.rollouts.environment_step import step_environment
+from grpo_sdk.rollouts.streaming import Scored, Scorer, as_async, row_seed
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -77,47 +79,156 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask.long()
 
 
+@attrs.define(eq=False)
+class _Group:
+    """The episodes of one prompt, which go to the generation and the environment together."""
+
+    index: int  # global group index (the batch's group id)
+    episodes: list[Episode]
+    turn: int = 0
+    active: list[Episode] = attrs.field(factory=list)  # this turn's episodes
+    room: list[int] = attrs.field(factory=list)  # tokens each has left
+
+
+@attrs.define(eq=False)
+class _Tally:
+    """The components the environment named, and its metrics summed weighted by each call's samples."""
+
+    names: set[str] = attrs.field(factory=set)
+    sums: dict[str, float] = attrs.field(factory=dict)
+    samples: int = 0
+
+    def add(self, result: Scored) -> None:
+        self.names.update(result.names)
+        for key, value in result.metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value * result.samples
+        self.samples += result.samples
+
+    def means(self) -> dict[str, float]:
+        return {k: v / self.samples for k, v in self.sums.items()}
+
+
+POLL_S = 0.02  # a streaming poll while environment calls are out: how late a returned call may be seen
+
+
 def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, env_name: str, on_error: str,
                  sampling: SamplingParams, max_turns: int, max_total_tokens: int, tokenizer: Any,
-                 turns: EnvironmentTurns | None = None) -> tuple[list[str], dict[str, float]]:
+                 turns: EnvironmentTurns | None = None, group_size: int | None = None, group_offset: int = 0,
+                 seed: int | None = None, max_concurrent_calls: int = 0) -> tuple[list[str], dict[str, float]]:
     """Play every episode to its end; the reward components' names and the environment's metrics
-    (each call's, weighted by its samples)."""
-    names: set[str] = set()
-    sums: dict[str, float] = {}
-    samples = 0
-    # No try/finally around the turns: after a failed call the components' state is the error's
-    # (a lost worker refuses every call), and a finish_generation there would hide that error.
-    generation.prepare_for_generation()
-    for turn in range(1, max_turns + 1):
-        active = [e for e in episodes if not e.done]
-        if not active:
-            generation.finish_generation()
-            break
-        room = [max_total_tokens - len(e.context) for e in active]
-        limit = min(sampling.max_new_tokens, max(room))
-        turn_sampling = sampling if limit == sampling.max_new_tokens else attrs.evolve(sampling, max_new_tokens=limit)
-        if sampling.seed is not None and turn > 1:  # reproducible (validation), yet a fresh draw each turn
-            turn_sampling = attrs.evolve(turn_sampling, seed=sampling.seed + turn - 1)
-        input_ids, attention_mask = left_pad([e.context for e in active], tokenizer.pad_token_id)
-        out = generation.generate(GenerationInput(input_ids=input_ids, attention_mask=attention_mask), turn_sampling)
-        _take_turn(active, room, out, tokenizer)
-        if turn == max_turns:  # the last generate call: a colocated engine sleeps before scoring, as single-turn did
-            generation.finish_generation()
+    (each call's, weighted by its samples).
 
-        results, call_names, metrics = step_environment(
-            environment, env_name, [e.log for e in active], [e.metadata for e in active],
-            [e.source for e in active], on_error)
-        names.update(call_names)
-        for key, value in metrics.items():
-            sums[key] = sums.get(key, 0.0) + value * len(active)
-        samples += len(active)
-        going = _apply_results(active, results, last_turn=turn == max_turns)
+    Each group (``group_size`` consecutive episodes; None: all of them) is one generation request per
+    turn; with ``max_concurrent_calls`` > 0 it is scored (``Scorer``) as soon as its request returns,
+    and goes on to its next turn as soon as its scoring does. A backend that is not an
+    ``AsyncGeneration`` generates only when no call is out, so its batches (and its RNG draws) do not
+    depend on timing. ``seed`` (validation: ``SamplingParams.seed``) derives each row's
+    ``GenerationInput.seeds`` (``streaming.row_seed``)."""
+    size = group_size or max(len(episodes), 1)
+    groups = [_Group(index=group_offset + i, episodes=episodes[start:start + size])
+              for i, start in enumerate(range(0, len(episodes), size))]
+    engine, streams = as_async(generation, tokenizer.pad_token_id)
+    scorer = Scorer(environment, env_name, on_error, max_concurrent_calls)
+    base = sampling.seed if sampling.seed is not None else seed
+    prefix = f"rollout-{uuid.uuid4().hex[:8]}-"
+    generating: dict[str, _Group] = {}
+    scoring: dict[Future, _Group] = {}
+    waiting: list[_Group] = []  # generated; scored together once nothing is generating (max_concurrent_calls=0)
+    tally = _Tally()
+    finished = False
+
+    def submit(group: _Group) -> None:
+        request = _next_turn(group, sampling, max_total_tokens, tokenizer.pad_token_id, base)
+        if request is not None:
+            generating[f"{prefix}{group.index:010d}/{group.turn}"] = group
+            engine.submit(f"{prefix}{group.index:010d}/{group.turn}", *request)
+
+    def scored(group: _Group, result: Scored) -> None:
+        nonlocal turns
+        tally.add(result)
+        going = _apply_results(group.active, result.results, last_turn=group.turn == max_turns)
         if going:  # a single-turn rollout never builds the chat continuation
             turns = turns or EnvironmentTurns(tokenizer)
             _append_environment_turns(going, turns, max_total_tokens)
+            submit(group)
+
+    # No finish_generation on failure: after a failed call the components' state is the error's (a
+    # lost worker refuses every call), and a finish_generation there would hide that error.
+    generation.prepare_for_generation()
+    try:
+        for group in groups:
+            submit(group)
+        while generating or scoring or waiting:
+            if generating and (streams or not scoring):
+                returned = []
+                for request_id, out in engine.poll(POLL_S if scoring else 1.0):
+                    group = generating.pop(request_id)
+                    if isinstance(out, BaseException):
+                        raise out
+                    _take_turn(group.active, group.room, out, tokenizer)
+                    returned.append(group)
+                # After the last generation a colocated engine sleeps, before scoring as single-turn did
+                if not finished and not generating and all(
+                        g.turn >= max_turns for g in (*returned, *waiting, *scoring.values())):
+                    generation.finish_generation()
+                    finished = True
+                for group in returned:
+                    if scorer.per_group:
+                        scoring[scorer.submit([e.log for e in group.active], [e.metadata for e in group.active],
+                                              [e.source for e in group.active])] = group
+                    else:
+                        waiting.append(group)
+            if waiting and not generating:  # one call for every episode of the turn, as the batch was
+                _score_together(sorted(waiting, key=lambda g: g.index), scorer, scored)
+                waiting.clear()
+            if scoring:
+                done, _ = wait(scoring, timeout=0 if generating and streams else None, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: scoring[f].index):
+                    scored(scoring.pop(future), future.result())
+    except BaseException:
+        engine.cancel(list(generating))
+        raise
+    finally:
+        scorer.close()
+    if not finished:
+        generation.finish_generation()
     for episode in episodes:
         episode.done = True
-    return sorted(names) or ["reward"], {k: v / samples for k, v in sums.items()}
+    return sorted(tally.names) or ["reward"], tally.means()
+
+
+def _next_turn(group: _Group, sampling: SamplingParams, max_total_tokens: int, pad_id: int,
+               base: int | None) -> tuple[GenerationInput, SamplingParams] | None:
+    """The group's next generation request (its episodes still going, each with its room as its
+    token budget), or None when every episode has ended."""
+    group.turn += 1
+    rows = [(i, e) for i, e in enumerate(group.episodes) if not e.done]
+    group.active = [e for _, e in rows]
+    if not group.active:
+        return None
+    group.room = [max_total_tokens - len(e.context) for e in group.active]
+    limit = min(sampling.max_new_tokens, max(group.room))
+    turn_sampling = sampling if limit == sampling.max_new_tokens else attrs.evolve(sampling, max_new_tokens=limit)
+    if sampling.seed is not None and group.turn > 1:  # reproducible (validation), yet a fresh draw each turn
+        turn_sampling = attrs.evolve(turn_sampling, seed=sampling.seed + group.turn - 1)
+    input_ids, attention_mask = left_pad([e.context for e in group.active], pad_id)
+    budgets = torch.tensor([min(r, limit) for r in group.room], dtype=torch.long)
+    seeds = None if base is None else torch.tensor(
+        [row_seed(base, group.index, i, group.turn) for i, _ in rows], dtype=torch.long)
+    return GenerationInput(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=budgets,
+                           seeds=seeds), turn_sampling
+
+
+def _score_together(groups: list[_Group], scorer: Scorer, scored: Any) -> None:
+    """One environment call for the episodes of several groups, its answers handed back per group."""
+    active = [e for g in groups for e in g.active]
+    result = scorer.score([e.log for e in active], [e.metadata for e in active], [e.source for e in active])
+    start = 0
+    for i, group in enumerate(groups):
+        part = result.results[start:start + len(group.active)]
+        start += len(group.active)
+        # The call's names and metrics once, on its first group, weighted by every sample of the call
+        scored(group, attrs.evolve(result, results=part) if i == 0 else Scored(part, [], {}, 0))
 
 
 def _take_turn(active: list[Episode], room: list[int], out: Any, tokenizer: Any) -> None:

@@ -195,7 +195,8 @@ def collect_rollouts(*, prompts: list[Prompt], tokenizer: Any, generation: Any, 
         names, env_metrics = run_episodes(
             episodes, generation=generation, environment=environment, env_name=cfg.env.name,
             on_error=cfg.env.on_reward_error, sampling=sampling, max_turns=cfg.grpo.max_rollout_turns,
-            max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer)
+            max_total_tokens=cfg.policy.max_total_sequence_length, tokenizer=tokenizer, group_size=G,
+            group_offset=group_offset, seed=cfg.grpo.seed, max_concurrent_calls=cfg.env.max_concurrent_calls)
     if cfg.grpo.malformed_thinking_advantage is not None:  # NeMo-RL's NeMo-Gym flagged these; any episode here
         flag_malformed_thinking(episodes, *cfg.reward_penalties.thinking_tags)
     batch = batch_of(episodes, names, tokenizer.pad_token_id,
@@ -236,21 +237,40 @@ after), ``[B, R]`` weight versions (any value after) and ``[B, R]`` bool: sample
 
 
 def sampled_responses(episodes: list[Episode], pad_token_id: int) -> Responses | None:
-    """The responses as rows of the one ``GenerationOutput`` every episode's only turn came from
-    (cut where each episode's room ended), with no trip through Python lists; None otherwise."""
-    first = episodes[0].sampled if episodes else None
-    if first is None or any(e.sampled is None or e.sampled[0] is not first[0] for e in episodes):
+    """The responses as rows of the ``GenerationOutput``s every episode's only turn came from (one
+    per generation request: per group when the rollout streams), cut where each episode's room
+    ended, with no trip through Python lists; None when some episode had more than one turn."""
+    if not episodes or any(e.sampled is None for e in episodes):
         return None
-    out = first[0]
-    rows = torch.tensor([e.sampled[1] for e in episodes], dtype=torch.long)
     lengths = torch.tensor([len(e.tokens) for e in episodes], dtype=torch.long)
     width = int(lengths.max())
+    outputs: dict[int, tuple[Any, list[int], list[int]]] = {}  # id(out) -> (out, positions, rows)
+    for position, episode in enumerate(episodes):
+        out, row = episode.sampled
+        entry = outputs.setdefault(id(out), (out, [], []))
+        entry[1].append(position)
+        entry[2].append(row)
+    parts, order = [], []
+    for out, positions, rows in outputs.values():
+        index = torch.tensor(rows, dtype=torch.long)
+
+        def cut(t: torch.Tensor, value: float) -> torch.Tensor:
+            t = t.cpu()[index, :width]
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        versions = out.token_weight_versions.cpu() if out.token_weight_versions is not None \
+            else torch.full((int(out.response_ids.shape[0]), 1), out.weight_version, dtype=torch.long)
+        versions = cut(versions, out.weight_version) if out.token_weight_versions is not None \
+            else versions[index].expand(len(rows), width)
+        parts.append((cut(out.response_ids, pad_token_id).long(), cut(out.logprobs, 0.0).float(), versions.long()))
+        order += positions
+    ids, logprobs, versions = (torch.cat([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in range(3))
+    if len(parts) > 1:  # back to the episodes' order
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+        ids, logprobs, versions = ids[inverse], logprobs[inverse], versions[inverse]
     kept = torch.arange(width)[None, :] < lengths[:, None]
-    ids = torch.where(kept, out.response_ids.cpu()[rows, :width].long(), pad_token_id)
-    logprobs = torch.where(kept, out.logprobs.cpu()[rows, :width].float(), 0.0)
-    versions = out.token_weight_versions.cpu()[rows, :width].long() if out.token_weight_versions is not None \
-        else torch.full((len(episodes), width), out.weight_version, dtype=torch.long)
-    return ids, lengths, logprobs, versions, kept
+    return (torch.where(kept, ids, pad_token_id), lengths, torch.where(kept, logprobs, 0.0), versions, kept)
 
 
 def listed_responses(episodes: list[Episode], pad_token_id: int) -> Responses:

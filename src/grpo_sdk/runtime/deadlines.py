@@ -72,6 +72,27 @@ def _has_stderr_fd() -> bool:
     return True
 
 
+# faulthandler has one watchdog per process: with calls on several threads at once (a rollout's
+# environment calls, env.max_concurrent_calls), the first to return must not cancel the others'.
+# Each call re-arms it (so it fires at most the newest call's backstop after the oldest started
+# hanging); the last call out cancels it.
+_BACKSTOP_LOCK = threading.Lock()
+_BACKSTOP_CALLS = [0]
+
+
+def _arm_backstop(seconds: float) -> None:
+    with _BACKSTOP_LOCK:
+        _BACKSTOP_CALLS[0] += 1
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def _disarm_backstop() -> None:
+    with _BACKSTOP_LOCK:
+        _BACKSTOP_CALLS[0] -= 1
+        if not _BACKSTOP_CALLS[0]:
+            faulthandler.cancel_dump_traceback_later()
+
+
 def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what: str,
                        deadline_key: str = "cluster.call_timeout_s") -> Any:
     """``fn(*args)`` on a daemon thread, waited for at most ``timeout`` seconds.
@@ -90,7 +111,7 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
     # whenever the interpreter can run.
     backstop = _has_stderr_fd()
     if backstop:
-        faulthandler.dump_traceback_later(2 * timeout + 5, exit=True)
+        _arm_backstop(2 * timeout + 5)
 
     def target() -> None:
         try:
@@ -105,7 +126,7 @@ def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float, what:
         finished = done.wait(timeout)
     finally:
         if backstop:
-            faulthandler.cancel_dump_traceback_later()
+            _disarm_backstop()
     if not finished:
         raise CallTimeout(f"{what} did not return within {timeout:g} s ({deadline_key})", call=what,
                           elapsed=timeout)
@@ -231,6 +252,8 @@ class EnvironmentDeadline:
             self.shutdown = environment.shutdown
         if isinstance(environment, DeclaresTools):
             self.tool_schemas = environment.tool_schemas
+        if isinstance(environment, RunsOnMainThread):  # the rollout then keeps its calls in its own thread
+            self.runs_on_main_thread = environment.runs_on_main_thread
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
         # On the main thread when the environment needs it and the loop runs there; elsewhere (the

@@ -111,6 +111,14 @@ class EnvConfig:
                                         validator=[v.ge(0.0), v.le(1.0)])
     failed_window_steps: int = option(10, "Steps over which max_failed_fraction is measured.",
                                       validator=[positive, v.le(MAX_ROWS)])
+    max_concurrent_calls: int = option(0, "Environment calls in flight at once during a rollout. 0: one "
+                                       "step() call for every episode of a turn, made once the whole turn is "
+                                       "generated (what a reward model batching on a GPU wants). N > 0: one call "
+                                       "per prompt group, made as soon as the group's samples are generated, at "
+                                       "most N at a time on a thread pool (slow graders, sandboxes, remote "
+                                       "judges); step() must then be thread-safe. An environment that runs on "
+                                       "the main thread always gets one call per turn. docs/environments.md.",
+                                       validator=[v.ge(0), v.le(MAX_THREADS)])
     raw_blocks: dict[str, Any] = raw_blocks_field()
     structured_blocks: dict[str, Any] = structured_blocks_field()
 
