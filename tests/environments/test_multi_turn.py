@@ -173,6 +173,36 @@ def test_episode_reward_is_the_sum_of_its_turns(registry, tmp_path, tiny_model_d
     assert metrics["response_length/mean"] == pytest.approx(float(batch.sampled.sum(1).float().mean()))
 
 
+@pytest.mark.parametrize("overrides", [(), ("env.name=failing_turns", "env.on_reward_error=mask",
+                                                "env.max_failed_fraction=1.0")])
+def test_groups_scored_concurrently_play_the_episodes_one_call_per_turn_plays(registry, tmp_path, tiny_model_dir,
+                                                                              overrides):
+    """env.max_concurrent_calls=3: one call per group, each group's next turn generated once every
+    call of the turn has returned (the hf generation is not a streaming engine, so its batches, and
+    its random draws, stay those of one call per turn): the same episodes, rewards and failures."""
+    batches = []
+    for bound in (0, 3):
+        trainer = multi_turn_trainer(registry, tmp_path / str(bound), tiny_model_dir, *overrides,
+                                     f"env.max_concurrent_calls={bound}", "policy.max_total_sequence_length=30")
+        batches.append(trainer.collect_rollouts())
+        trainer.shutdown()
+    (serial, serial_metrics), (pooled, pooled_metrics) = batches
+    for field in ("response_ids", "response_lengths", "generation_logprobs", "generated_mask", "truncated",
+                  "reward_valid", "rewards"):
+        assert torch.equal(getattr(serial, field), getattr(pooled, field)), field
+    assert [[(m.content, m.flags) for m in log] for log in serial.message_logs] == \
+        [[(m.content, m.flags) for m in log] for log in pooled.message_logs]
+    assert serial.metadata == pooled.metadata
+    # A call that fails reports no metrics: one call per turn loses the whole turn's, a call per group
+    # only the failing group's, so the environment's own metrics agree only when nothing fails.
+    kept = (lambda metrics: metrics) if not overrides else (
+        lambda metrics: {k: v for k, v in metrics.items() if not k.startswith("env/")})
+    assert kept(serial_metrics) == pytest.approx(kept(pooled_metrics))
+    assert serial_metrics["episode/turns_max"] > 1
+    if overrides:
+        assert not bool(serial.reward_valid.all()) and bool(serial.reward_valid.any())
+
+
 def test_turn_limit_ends_episodes(registry, tmp_path, tiny_model_dir):
     trainer = multi_turn_trainer(registry, tmp_path, tiny_model_dir, "grpo.max_rollout_turns=2")
     batch, metrics = trainer.collect_rollouts()

@@ -1,0 +1,198 @@
+"""Rollouts stream into scoring (env.max_concurrent_calls, rollouts/streaming.py).
+
+On the tiny model and the hf generation (through ``BatchedGeneration``): one environment call per
+group, never more than the bound at once, the batch the same as with one call per turn whatever
+order the calls return in; a failing group masked or named; a hung call stopped at its deadline;
+and, with a backend that returns requests one at a time (as a continuous-batching engine does),
+groups scored while others still wait for their samples.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers import small_trainer
+
+from grpo_sdk.core.errors import EnvironmentStepError
+from grpo_sdk.data.prompts import Prompt
+from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
+from grpo_sdk.plugins import ComponentSpec, hookimpl
+from grpo_sdk.rollouts.rollout import collect_rollouts
+from grpo_sdk.rollouts.streaming import BatchedGeneration, row_seed
+
+
+class Calls:
+    """What the environments below saw: calls, their sizes, the most in flight at once."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    most = 0
+    sizes: list[int] = []
+
+    @classmethod
+    def reset(cls):
+        cls.in_flight, cls.most, cls.sizes = 0, 0, []
+
+
+class SlowReverse(ReverseDigitsEnvironment):
+    """reverse_digits behind a judge that takes 0.2 s a call; the first prompt of each batch of
+    prompts takes longest, so calls return out of order. Prompt 1 of a batch is marked ``odd``."""
+
+    def sample_prompts(self, num_prompts, rng):
+        prompts = super().sample_prompts(num_prompts, rng)
+        return [(text, {**meta, "odd": i == 1, "slow": i == 0}) for i, (text, meta) in enumerate(prompts)]
+
+    def step(self, message_logs, metadata):
+        with Calls.lock:
+            Calls.in_flight += 1
+            Calls.most = max(Calls.most, Calls.in_flight)
+            Calls.sizes.append(len(message_logs))
+        try:
+            self.wait(metadata)
+            ret = super().step(message_logs, metadata)
+            return type(ret)(rewards=ret.rewards, metrics={**ret.metrics, "calls": 1.0})
+        finally:
+            with Calls.lock:
+                Calls.in_flight -= 1
+
+    def wait(self, metadata):
+        time.sleep(0.3 if any(m["slow"] for m in metadata) else 0.2)
+
+
+class FailingOdd(SlowReverse):
+    def wait(self, metadata):
+        if any(m["odd"] for m in metadata):
+            raise ValueError("the judge cannot read this one")
+
+
+class HangingOdd(SlowReverse):
+    def wait(self, metadata):
+        time.sleep(4.0 if any(m["odd"] for m in metadata) else 0.0)
+
+
+class Components:
+    @hookimpl
+    def grpo_components(self):
+        return [ComponentSpec(name=name, kind="environment", impl=f"{__name__}:{impl}",
+                              capabilities={"generates_prompts"})
+                for name, impl in (("slow_reverse", "SlowReverse"), ("failing_odd", "FailingOdd"),
+                                   ("hanging_odd", "HangingOdd"))]
+
+
+pytestmark = pytest.mark.hook_plugin(Components())
+
+
+def rollouts(registry, tmp_path, model_dir, *overrides, name="run"):
+    Calls.reset()
+    trainer = small_trainer(registry, tmp_path / name, model_dir, "env.name=slow_reverse", *overrides)
+    try:
+        return trainer.collect_rollouts()
+    finally:
+        trainer.shutdown()
+
+
+@pytest.mark.parametrize("bound", [2, 4])
+def test_one_call_per_group_at_most_the_bound_at_once(registry, tmp_path, tiny_model_dir, bound):
+    rollouts(registry, tmp_path, tiny_model_dir, f"env.max_concurrent_calls={bound}")
+    assert Calls.sizes == [4, 4, 4, 4]  # 4 groups of 4 samples: a call each
+    assert Calls.most == bound  # 4 calls of 0.2 s took 4 / bound latencies, not 4
+
+
+def test_concurrent_calls_give_the_batch_one_call_gives(registry, tmp_path, tiny_model_dir):
+    """Calls returning out of order (the first group's is slowest) change nothing: rows, rewards,
+    components, metrics (weighted by samples) and logs are those of one call for the whole batch."""
+    serial, serial_metrics = rollouts(registry, tmp_path, tiny_model_dir, "env.max_concurrent_calls=0", name="a")
+    assert Calls.sizes == [16]
+    pooled, pooled_metrics = rollouts(registry, tmp_path, tiny_model_dir, "env.max_concurrent_calls=3", name="b")
+    assert Calls.sizes == [4, 4, 4, 4]
+    for field in ("response_ids", "response_lengths", "generation_logprobs", "group_ids", "reward_valid", "rewards"):
+        assert torch.equal(getattr(serial, field), getattr(pooled, field)), field
+    assert serial.reward_components.keys() == pooled.reward_components.keys() == {"correct_digits"}
+    assert torch.equal(serial.reward_components["correct_digits"], pooled.reward_components["correct_digits"])
+    assert [[m.content for m in log] for log in serial.message_logs] == \
+        [[m.content for m in log] for log in pooled.message_logs]
+    assert serial_metrics.keys() == pooled_metrics.keys()
+    for key in serial_metrics:
+        assert serial_metrics[key] == pytest.approx(pooled_metrics[key]), key
+    assert pooled_metrics["env/calls"] == 1.0
+
+
+def test_a_failing_group_is_masked_or_named(registry, tmp_path, tiny_model_dir):
+    batch, _ = rollouts(registry, tmp_path, tiny_model_dir, "env.name=failing_odd", "env.max_concurrent_calls=4",
+                        "env.on_reward_error=mask", name="mask")
+    odd = torch.tensor([m["odd"] for m in batch.metadata])
+    assert int(odd.sum()) == 4 and not bool(batch.reward_valid[odd].any()) and bool(batch.reward_valid[~odd].all())
+    assert list(batch.reward_components) == ["correct_digits"]  # the failed group names no "reward" of its own
+    with pytest.raises(EnvironmentStepError, match=r"failing_odd.*failed on sample 0 .*cannot read this one"):
+        rollouts(registry, tmp_path, tiny_model_dir, "env.name=failing_odd", "env.max_concurrent_calls=4",
+                 name="raise")
+
+
+def test_a_hung_call_stops_the_rollout_at_its_deadline_naming_the_sample(registry, tmp_path, tiny_model_dir):
+    start = time.monotonic()
+    with pytest.raises(EnvironmentStepError, match=r"hanging_odd.*did not return a reward for sample 0 .*within 1 s"):
+        rollouts(registry, tmp_path, tiny_model_dir, "env.name=hanging_odd", "env.max_concurrent_calls=4",
+                 "cluster.call_timeout_s=1")
+    assert time.monotonic() - start < 30  # the group's call, then its first sample alone: 2 deadlines, plus set-up
+
+
+class OneAtATime(BatchedGeneration):
+    """An ``AsyncGeneration`` that finishes one request per poll, the newest first (a continuous-
+    batching engine finishing short requests early); it records what was still waiting when each
+    environment call started."""
+
+    def __init__(self, generation, pad_token_id):
+        super().__init__(generation, pad_token_id)
+        self.seeds = []
+
+    def poll(self, timeout_s):
+        if not self.waiting:
+            return []
+        newest = max(self.waiting)
+        self.seeds.append(self.waiting[newest][0].seeds.tolist())
+        kept, self.waiting = self.waiting, {newest: self.waiting[newest]}
+        try:
+            return super().poll(timeout_s)
+        finally:
+            self.waiting = {k: v for k, v in kept.items() if k != newest}
+
+    def prepare_for_generation(self):
+        self.generation.prepare_for_generation()
+
+    def finish_generation(self):
+        self.generation.finish_generation()
+
+
+def test_a_streaming_backend_has_groups_scored_while_others_wait(registry, tmp_path, tiny_model_dir):
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "env.name=slow_reverse",
+                            "env.max_concurrent_calls=4")
+    parts, cfg = trainer.components, trainer.config
+    Calls.reset()
+    engine = OneAtATime(parts.generation, parts.tokenizer.pad_token_id)
+    waiting_at_call = []
+    step = parts.environment.component.step
+
+    def recording(logs, metadata):
+        waiting_at_call.append(len(engine.waiting))
+        return step(logs, metadata)
+
+    parts.environment.component.step = recording
+    prompts = parts.environment.sample_prompts(4, random.Random(0))
+    prompts = [Prompt(text=text, metadata=meta, source=f"prompt {i}") for i, (text, meta) in enumerate(prompts)]
+    batch, _ = collect_rollouts(prompts=prompts, tokenizer=parts.tokenizer, generation=engine,
+                                environment=parts.environment, cfg=cfg, sampling=parts.sampling,
+                                max_prompt_tokens=parts.max_prompt_tokens, group_offset=8)
+    trainer.shutdown()
+    assert waiting_at_call[0] == 3  # the first group returned was scored while three still waited
+    assert batch.group_ids.tolist() == [g for g in range(8, 12) for _ in range(4)]  # the episodes' order
+    assert [log[0].content for log in batch.message_logs[::4]] == [p.text for p in prompts]
+    for log, meta, reward in zip(batch.message_logs, batch.metadata, batch.reward_components["correct_digits"]):
+        expected = ReverseDigitsEnvironment(None, None).step([log], [meta]).rewards["correct_digits"][0]
+        assert float(reward) == pytest.approx(expected)
+    # Each row's seed is its own: the run's seed, its global group, its place in the group, the turn
+    assert engine.seeds[0] == [row_seed(cfg.grpo.seed, 11, i, 1) for i in range(4)]
