@@ -21,7 +21,7 @@ from helpers import small_trainer
 from grpo_sdk.core.errors import EnvironmentStepError
 from grpo_sdk.data.prompts import Prompt
 from grpo_sdk.environments.reverse_digits import ReverseDigitsEnvironment
-from grpo_sdk.plugins import ComponentSpec, hookimpl
+from grpo_sdk.plugins import ComponentSpec, EnvironmentReturn, Message, hookimpl
 from grpo_sdk.rollouts.rollout import collect_rollouts
 from grpo_sdk.rollouts.streaming import BatchedGeneration, row_seed
 
@@ -75,13 +75,24 @@ class HangingOdd(SlowReverse):
         time.sleep(4.0 if any(m["odd"] for m in metadata) else 0.0)
 
 
+class TwoTurns(ReverseDigitsEnvironment):
+    """Two assistant turns: the first answered with "=1>", each scoring its digits / 10."""
+
+    def step(self, message_logs, metadata):
+        turns = [m.get("turn", 0) + 1 for m in metadata]
+        return EnvironmentReturn(rewards={"digits": [sum(c.isdigit() for c in log[-1].content) / 10
+                                                     for log in message_logs]},
+                                 done=[t >= 2 for t in turns], observations=[Message(role="tool", content="=1>")] * len(turns),
+                                 metadata=[{**m, "turn": t} for m, t in zip(metadata, turns)])
+
+
 class Components:
     @hookimpl
     def grpo_components(self):
         return [ComponentSpec(name=name, kind="environment", impl=f"{__name__}:{impl}",
-                              capabilities={"generates_prompts"})
+                              capabilities={"generates_prompts", "multi_turn"})
                 for name, impl in (("slow_reverse", "SlowReverse"), ("failing_odd", "FailingOdd"),
-                                   ("hanging_odd", "HangingOdd"))]
+                                   ("hanging_odd", "HangingOdd"), ("two_turns", "TwoTurns"))]
 
 
 pytestmark = pytest.mark.hook_plugin(Components())
@@ -146,13 +157,19 @@ class OneAtATime(BatchedGeneration):
     batching engine finishing short requests early); it records what was still waiting when each
     environment call started."""
 
-    def __init__(self, generation, pad_token_id):
+    def __init__(self, generation, pad_token_id, delay_s=0.0):
         super().__init__(generation, pad_token_id)
-        self.seeds = []
+        self.seeds, self.delay_s, self.early_turns = [], delay_s, []
+
+    def submit(self, request_id, prompts, sampling):
+        if not request_id.endswith("/1"):  # a later turn: how many first turns still wait
+            self.early_turns.append(sum(r.endswith("/1") for r in self.waiting))
+        super().submit(request_id, prompts, sampling)
 
     def poll(self, timeout_s):
         if not self.waiting:
             return []
+        time.sleep(self.delay_s)
         newest = max(self.waiting)
         self.seeds.append(self.waiting[newest][0].seeds.tolist())
         kept, self.waiting = self.waiting, {newest: self.waiting[newest]}
@@ -196,3 +213,24 @@ def test_a_streaming_backend_has_groups_scored_while_others_wait(registry, tmp_p
         assert float(reward) == pytest.approx(expected)
     # Each row's seed is its own: the run's seed, its global group, its place in the group, the turn
     assert engine.seeds[0] == [row_seed(cfg.grpo.seed, 11, i, 1) for i in range(4)]
+
+
+def test_a_multi_turn_group_goes_on_as_soon_as_its_call_returns(registry, tmp_path, tiny_model_dir):
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, "env.name=two_turns",
+                            "env.max_concurrent_calls=4", "grpo.max_rollout_turns=3",
+                            "policy.generation.max_new_tokens=4", "policy.max_total_sequence_length=64")
+    parts, cfg = trainer.components, trainer.config
+    engine = OneAtATime(parts.generation, parts.tokenizer.pad_token_id, delay_s=0.1)
+    prompts = [Prompt(text=text, metadata=meta, source=f"prompt {i}")
+               for i, (text, meta) in enumerate(parts.environment.sample_prompts(4, random.Random(0)))]
+    batch, _ = collect_rollouts(prompts=prompts, tokenizer=parts.tokenizer, generation=engine,
+                                environment=parts.environment, cfg=cfg, sampling=parts.sampling,
+                                max_prompt_tokens=parts.max_prompt_tokens, group_offset=0)
+    trainer.shutdown()
+    assert max(engine.early_turns) > 0  # a second turn was asked for while first turns still waited
+    assert [log[0].content for log in batch.message_logs[::4]] == [p.text for p in prompts]
+    for i, log in enumerate(batch.message_logs):
+        turns = [m.content for m in log if m.generation_logprobs is not None]
+        assert len(turns) == 2 and batch.metadata[i]["turn"] == 2
+        assert float(batch.reward_components["digits"][i]) == pytest.approx(
+            sum(sum(c.isdigit() for c in t) / 10 for t in turns))
