@@ -201,6 +201,17 @@ def test_endpoint_overhead_prints_the_table():
                                       "Endpoint.chat, no HTTP"], out
 
 
+def test_env_concurrency_prints_one_row_per_contender():
+    """benchmarks/env_concurrency.py, 3 steps a run: the four contenders train and are timed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH / "env_concurrency.py"), "--steps", "3", "--skip", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = dict(re.findall(r"^\s*((?:sync|async A=1) calls=\d+)\s+([\d.]+)\s+[\d.]+$", proc.stdout, re.MULTILINE))
+    assert list(rows) == ["sync calls=0", "async A=1 calls=0", "sync calls=8", "async A=1 calls=8"], proc.stdout
+    assert all(float(step) >= 0.2 for step in rows.values())  # a step waits for at least one 0.2 s call
+
+
 def test_endpoint_overhead_bad_options_exit_2():
     proc = subprocess.run([sys.executable, str(BENCH / "endpoint_overhead.py"), "--rollouts", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
