@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import async_vs_sync as avs  # noqa: E402  (sets the thread and offline environment first)
+import async_vs_sync as avs  # sets the thread and offline environment first
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ class Calls:
     lock = threading.Lock()
     in_flight = 0
     most = 0
-    sizes: list[int] = []
+    sizes: ClassVar[list[int]] = []
 
     @classmethod
     def reset(cls):
@@ -211,6 +212,12 @@ def test_a_streaming_backend_has_groups_scored_while_others_wait(registry, tmp_p
     for log, meta, reward in zip(batch.message_logs, batch.metadata, batch.reward_components["correct_digits"]):
         expected = ReverseDigitsEnvironment(None, None).step([log], [meta]).rewards["correct_digits"][0]
         assert float(reward) == pytest.approx(expected)
+    # The rows come from four outputs, returned last group first, each put back in its place
+    for i, log in enumerate(batch.message_logs):
+        n = int(batch.response_lengths[i])
+        assert batch.response_ids[i, :n].tolist() == list(log[-1].token_ids)
+        assert batch.generation_logprobs[i, :n].tolist() == pytest.approx(list(log[-1].generation_logprobs))
+        assert bool((batch.response_ids[i, n:] == parts.tokenizer.pad_token_id).all())
     # Each row's seed is its own: the run's seed, its global group, its place in the group, the turn
     assert engine.seeds[0] == [row_seed(cfg.grpo.seed, 11, i, 1) for i in range(4)]
 

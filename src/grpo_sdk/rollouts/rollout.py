@@ -251,18 +251,16 @@ def sampled_responses(episodes: list[Episode], pad_token_id: int) -> Responses |
         entry[1].append(position)
         entry[2].append(row)
     parts, order = [], []
+    def cut(t: torch.Tensor, index: torch.Tensor, value: float) -> torch.Tensor:
+        t = t.cpu()[index, :width]
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
     for out, positions, rows in outputs.values():
         index = torch.tensor(rows, dtype=torch.long)
-
-        def cut(t: torch.Tensor, value: float) -> torch.Tensor:
-            t = t.cpu()[index, :width]
-            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-        versions = out.token_weight_versions.cpu() if out.token_weight_versions is not None \
-            else torch.full((int(out.response_ids.shape[0]), 1), out.weight_version, dtype=torch.long)
-        versions = cut(versions, out.weight_version) if out.token_weight_versions is not None \
-            else versions[index].expand(len(rows), width)
-        parts.append((cut(out.response_ids, pad_token_id).long(), cut(out.logprobs, 0.0).float(), versions.long()))
+        versions = cut(out.token_weight_versions, index, out.weight_version) if out.token_weight_versions is not None \
+            else torch.full((len(rows), width), out.weight_version, dtype=torch.long)
+        parts.append((cut(out.response_ids, index, pad_token_id).long(), cut(out.logprobs, index, 0.0).float(),
+                      versions.long()))
         order += positions
     ids, logprobs, versions = (torch.cat([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in range(3))
     if len(parts) > 1:  # back to the episodes' order
