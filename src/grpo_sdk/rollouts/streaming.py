@@ -17,7 +17,9 @@ names the sample.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 import attrs
@@ -111,6 +113,42 @@ class Scored:
     samples: int  # the call's: its metrics are weighted by them
 
 
+class _DaemonPool:
+    """At most ``workers`` calls at once on daemon threads. Not a ThreadPoolExecutor: that one joins
+    its threads at exit, so after an interrupt the process would wait for every environment call
+    still out (up to ``cluster.call_timeout_s`` each)."""
+
+    def __init__(self, workers: int, name: str):
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.futures: list[Future] = []
+        self.workers = workers
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"{name} {i}", daemon=True).start()
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        future: Future = Future()
+        self.futures.append(future)
+        self.tasks.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while (task := self.tasks.get()) is not None:
+            future, fn, args = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the rollout's thread
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Calls not started never start; a call running ends on its own (its deadline bounds it)."""
+        for future in self.futures:
+            future.cancel()
+        for _ in range(self.workers):
+            self.tasks.put(None)
+
+
 class Scorer:
     """``Environment.step`` calls, at most ``max_concurrent_calls`` at once (0: none in parallel; the
     rollout then makes one call per turn, in its own thread)."""
@@ -118,7 +156,7 @@ class Scorer:
     def __init__(self, environment: Any, env_name: str, on_error: str, max_concurrent_calls: int):
         self.environment, self.env_name, self.on_error = environment, env_name, on_error
         main_thread = isinstance(environment, RunsOnMainThread) and bool(environment.runs_on_main_thread())
-        self.pool = (ThreadPoolExecutor(max_concurrent_calls, thread_name_prefix="grpo-sdk: environment step")
+        self.pool = (_DaemonPool(max_concurrent_calls, "grpo-sdk: environment step")
                      if max_concurrent_calls > 0 and not main_thread else None)
 
     @property
@@ -136,6 +174,5 @@ class Scorer:
         return self.pool.submit(self.score, logs, metadata, sources)
 
     def close(self) -> None:
-        # Not joined: after a failure a call may still run (abandoned by its deadline); nothing waits on it.
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown()
