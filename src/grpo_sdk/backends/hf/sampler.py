@@ -167,9 +167,13 @@ class ContinuousSampler:
             return
         admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         host = self.host
-        with host._gate.forward():
-            version = host.weight_version
-            cache, mask, logits = self._prefill([r.prompt for r in admitted])
+        try:
+            with host._gate.forward():
+                version = host.weight_version
+                cache, mask, logits = self._prefill([r.prompt for r in admitted])
+        except BaseException:
+            self.waiting.extendleft(reversed(admitted))  # still the sampler's: a failure reaches them
+            raise
         positions = mask.sum(1, keepdim=True)
         if not self.rows:
             self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
