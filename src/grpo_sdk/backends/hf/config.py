@@ -29,6 +29,11 @@ class HFGenerationConfig:
         "generator (its tokens do not depend on the rest of the batch). false: the whole-batch loop, which "
         "decodes every row until the longest ends and prefills each row (the loop before issue 35; compile "
         "always uses it, for its static shapes).")
+    autocast: Literal["policy", "bfloat16"] | None = option(
+        "policy", "Mixed precision of sampling. policy: the autocast the hf policy trains under (policy.hf.autocast), "
+        "so the sampler's logprobs are the policy's (token_mult_prob_error near 1); bfloat16: sample under bf16 "
+        "autocast whatever the policy does (faster where the CPU has bf16 matrix units; the logprobs then differ "
+        "from a float32 policy's by bf16 rounding, as a bf16 vLLM's do); null: no autocast.")
     max_num_seqs: int = option(256, "With continuous_batching: the most rows decoding at once; the others wait and "
                                "are admitted as rows finish.", validator=attrs.validators.gt(0))
     share_policy_model: Literal["auto", True, False] = option(

@@ -71,16 +71,17 @@ class HFGeneration:
         # Compiled decoding passes 4D boolean masks, which SDPA reads as-is and eager attention does not.
         attn = "sdpa" if config.compile else config.attn_implementation
         self.policy = self._shared_policy(config, context)
-        self.autocast_dtype = DTYPES.get(policy_autocast(context.config))
+        autocast = policy_autocast(context.config) if config.autocast == "policy" else config.autocast
+        self.autocast_dtype = DTYPES.get(autocast)
+        self.autocast = autocast_context(self.device, autocast)
         if self.policy is not None:
-            self.model, self.autocast = self.policy.model, self.policy.autocast
+            self.model = self.policy.model
             self.policy.shared_with_generation = True
             self._weights = {}
         else:
             self.model = load_model(context.model_path, dtype=context.config.policy.precision,
                                     device=context.device, attn_implementation=attn)
             self.model.requires_grad_(False)
-            self.autocast = autocast_context(self.device, policy_autocast(context.config))
             self._weights = dict(self.model.state_dict())
         tokenizer = load_tokenizer(context.tokenizer_path)
         self.eos_token_id = tokenizer.eos_token_id
