@@ -29,6 +29,7 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from grpo_sdk.backends.hf.kv_cache import GrowingCache
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, SamplingParams
 from grpo_sdk.plugins.tensors import position_ids_for, process_logits
 
@@ -70,12 +71,19 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask.long()
 
 
-def _layers(cache: Any) -> list[Any]:
+def _rebuild(cache: Any, change: Callable[[torch.Tensor], torch.Tensor], room: int) -> None:
+    """Apply ``change`` to every layer's keys and values, leaving ``room`` spare columns for decoding."""
     layers = getattr(cache, "layers", None)
-    if layers is None or any(not hasattr(layer, "keys") for layer in layers):
-        raise RuntimeError("policy.generation.hf.continuous_batching needs a transformers DynamicCache with per-layer "
-                           "keys and values; this model's cache has none: set it to false")
-    return layers
+    if layers is None or any(not hasattr(layer, "set") for layer in layers):
+        raise RuntimeError("policy.generation.hf.continuous_batching needs a cache of keys and values per layer; "
+                           "this model's cache is another kind: set it to false")
+    for layer in layers:
+        layer.set(change(layer.keys), change(layer.values), room=room)
+
+
+def _room(rows: list[Row]) -> int:
+    """Columns the running rows can still write: the longest remaining budget."""
+    return max((r.budget - len(r.tokens) for r in rows), default=0) + 1
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -170,7 +178,7 @@ class ContinuousSampler:
         try:
             with host._gate.forward():
                 version = host.weight_version
-                cache, mask, logits = self._prefill([r.prompt for r in admitted])
+                cache, mask, logits = self._prefill([r.prompt for r in admitted], _room(admitted))
         except BaseException:
             self.waiting.extendleft(reversed(admitted))  # still the sampler's: a failure reaches them
             raise
@@ -178,13 +186,13 @@ class ContinuousSampler:
         if not self.rows:
             self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
         else:
-            self._merge(cache, mask, positions, logits)
+            self._merge(cache, mask, positions, logits, _room(self.rows + admitted))
         if not self.rows:
             self.version = version  # else the older rows' cache is the staler: a recompute redoes every row
         self.rows += admitted
         self.logits_versions += [version] * len(admitted)
 
-    def _prefill(self, sequences: list[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _prefill(self, sequences: list[list[int]], room: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One forward pass over the distinct sequences (left-padded); the cache, mask and last logits
         expanded back to one row per sequence."""
         host = self.host
@@ -194,21 +202,19 @@ class ContinuousSampler:
         ids, mask = left_pad(distinct, host.pad_token_id)
         ids, mask = ids.to(host.device), mask.to(host.device)
         out = host._forward(input_ids=ids, attention_mask=mask, position_ids=position_ids_for(mask), use_cache=True,
-                            **host.prefill_args)
+                            **host.prefill_args, **{host.cache_arg: GrowingCache()})
         cache, logits = getattr(out, host.cache_arg), out.logits[:, -1]
-        if which != list(range(len(distinct))):
-            rows = torch.tensor(which, device=host.device)
-            for layer in _layers(cache):
-                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
-            mask, logits = mask.index_select(0, rows), logits.index_select(0, rows)
-        return cache, mask, logits
+        rows = torch.tensor(which, device=host.device)
+        _rebuild(cache, lambda kv: kv.index_select(0, rows), room)  # one row per sequence, room to decode
+        return cache, mask.index_select(0, rows), logits.index_select(0, rows)
 
-    def _merge(self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> None:
+    def _merge(self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor,
+               room: int) -> None:
         """Append newly prefilled rows to the running batch, left-padding the narrower to one width."""
         width = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(_layers(self.cache), _layers(cache)):
-            mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
-            mine.values = torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)])
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.set(torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)]),
+                     torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)]), room=room)
         self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])
         self.positions = torch.cat([self.positions, positions])
         self.logits = torch.cat([self.logits, logits])
@@ -223,9 +229,7 @@ class ContinuousSampler:
         rows = torch.tensor(keep, device=self.mask.device)
         mask = self.mask.index_select(0, rows)
         lead = int((mask.cumsum(1) == 0).sum(1).min())
-        for layer in _layers(self.cache):
-            layer.keys = layer.keys.index_select(0, rows)[:, :, lead:]
-            layer.values = layer.values.index_select(0, rows)[:, :, lead:]
+        _rebuild(self.cache, lambda kv: kv.index_select(0, rows)[:, :, lead:], _room(self.rows))
         self.mask, self.positions = mask[:, lead:], self.positions.index_select(0, rows)
         self.logits = self.logits.index_select(0, rows)
 
@@ -263,7 +267,8 @@ class ContinuousSampler:
         with host._gate.forward(stale=lambda: host.weight_version != self.version):
             version = host.weight_version
             if version != self.version and host._gate.recompute_kv_cache:
-                self.cache, self.mask, self.logits = self._prefill([r.prompt + r.tokens for r in self.rows])
+                self.cache, self.mask, self.logits = self._prefill([r.prompt + r.tokens for r in self.rows],
+                                                                   _room(self.rows))
                 self.positions = self.mask.sum(1, keepdim=True)
             else:
                 token = torch.tensor([[r.tokens[-1]] for r in self.rows], device=host.device)
