@@ -162,3 +162,46 @@ def test_a_failed_step_fails_the_requests_in_flight_and_the_sampler_goes_on(gen,
         gen.generate(prompt_batch(tokenizer, PROMPTS), SAMPLING)
     gen._forward = forward
     assert gen.generate(prompt_batch(tokenizer, PROMPTS), SAMPLING).response_ids.shape[0] == 4
+
+
+def test_a_continuation_prefills_only_what_the_kept_prefix_lacks(tiny_model_dir, registry, tokenizer):
+    """A multi-turn episode's next prompt (its context + the environment's turn) reuses the KV its
+    first turn left: only the new tokens are prefilled, and the tokens and logprobs are those of a
+    full prefill. finish_generation drops what was kept."""
+    first = with_seeds(prompt_batch(tokenizer, PROMPTS * 2), list(range(8)))
+    turn = tokenizer("=>")["input_ids"]
+
+    def two_turns(gen):
+        out = gen.generate(first, SAMPLING)
+        contexts = [first.input_ids[i][first.attention_mask[i].bool()].tolist() + rows_of(out, i)[0] + turn
+                    for i in range(8)]
+        from grpo_sdk.backends.hf.sampler import left_pad
+        ids, mask = left_pad(contexts, tokenizer.pad_token_id)
+        calls = record_forwards(gen)
+        second = gen.generate(GenerationInput(input_ids=ids, attention_mask=mask, seeds=torch.arange(8) + 100),
+                              SAMPLING)
+        return second, [shape for shape in calls if shape[1] > 1], ids.shape[1]
+
+    kept_gen = make_generation(tiny_model_dir, registry)
+    kept, kept_prefills, width = two_turns(kept_gen)
+    full, full_prefills, _ = two_turns(make_generation(tiny_model_dir, registry, prefix_cache_tokens=0))
+    assert full_prefills == [(8, width)]
+    assert kept_prefills == [(8, 1 + len(turn))]  # each row's last sampled token and the turn
+    assert kept_gen.sampler.prefixes.hits == 8
+    assert torch.equal(kept.response_ids, full.response_ids)
+    torch.testing.assert_close(kept.logprobs, full.logprobs, atol=1e-5, rtol=0)
+    assert kept_gen.sampler.prefixes.tokens > 0
+    kept_gen.finish_generation()
+    assert kept_gen.sampler.prefixes.tokens == 0 and not kept_gen.sampler.prefixes.entries
+
+
+def test_a_weight_update_makes_kept_prefixes_stale(gen, tokenizer):
+    first = prompt_batch(tokenizer, PROMPTS)
+    out = gen.generate(first, SAMPLING)
+    assert gen.sampler.prefixes.entries
+    gen.update_weights(list(gen.model.state_dict().items()), version=1)
+    context = [first.input_ids[0][first.attention_mask[0].bool()].tolist() + rows_of(out, 0)[0] + [5]]
+    gen.generate(GenerationInput(input_ids=torch.tensor(context), attention_mask=torch.ones(1, len(context[0]),
+                                                                                             dtype=torch.long)),
+                 SAMPLING)
+    assert gen.sampler.prefixes.hits == 0  # the old weights' KV is never read by the new ones

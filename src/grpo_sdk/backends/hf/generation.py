@@ -97,8 +97,8 @@ class HFGeneration:
         self._low_precision: tuple[int, dict[str, torch.Tensor]] | None = None  # (weight version, casts)
         self._folded: dict | None = None  # a shared LoRA policy's layers while it samples (_base_modules)
         # The continuous-batching sampler (sampler.py); compile keeps the whole-batch loop's static shapes.
-        self.sampler = ContinuousSampler(self, config.max_num_seqs) if config.continuous_batching and \
-            not config.compile else None
+        self.sampler = ContinuousSampler(self, config.max_num_seqs, config.prefix_cache_tokens) \
+            if config.continuous_batching and not config.compile else None
         self._engine_lock = threading.Lock()  # one thread runs a sampler step at a time; any may drive it
         self._submitted: dict[str, Request] = {}  # AsyncGeneration requests not yet polled
 
@@ -422,7 +422,8 @@ class HFGeneration:
             self.policy.onload()  # an offload before the module was shared: sample where the policy trains
 
     def finish_generation(self) -> None:
-        pass
+        if self.sampler is not None:
+            self.sampler.prefixes.clear()  # a colocated policy trains next: hold no KV
 
     def shutdown(self) -> None:
         if self.policy is not None:

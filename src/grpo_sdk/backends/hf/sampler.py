@@ -29,7 +29,8 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from grpo_sdk.backends.hf.kv_cache import GrowingCache
+from grpo_sdk.backends.hf.kv_cache import GrowingCache, GrowingLayer
+from grpo_sdk.backends.hf.prefix_cache import PrefixCache
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, SamplingParams
 from grpo_sdk.plugins.tensors import position_ids_for, process_logits
 
@@ -100,9 +101,10 @@ class ContinuousSampler:
     every running row (admitting waiting rows first) and returns the requests it completed. Not
     thread-safe: the host (``HFGeneration``) calls it under a lock."""
 
-    def __init__(self, host: Any, max_num_seqs: int):
+    def __init__(self, host: Any, max_num_seqs: int, prefix_cache_tokens: int = 0):
         self.host = host
         self.max_num_seqs = max_num_seqs
+        self.prefixes = PrefixCache(prefix_cache_tokens)
         self.waiting: collections.deque[Row] = collections.deque()
         self.rows: list[Row] = []  # running, aligned with the batch dimension below
         self.cache: Any = None
@@ -153,6 +155,8 @@ class ContinuousSampler:
         if not self.rows:
             return []
         finished = self._sample()
+        if self.prefixes.enabled:
+            self._keep_prefixes(finished)
         completed = []
         for row in finished:
             row.request.open -= 1
@@ -178,19 +182,63 @@ class ContinuousSampler:
         try:
             with host._gate.forward():
                 version = host.weight_version
-                cache, mask, logits = self._prefill([r.prompt for r in admitted], _room(admitted))
+                found = [self.prefixes.lookup(r.prompt, version) if self.prefixes.enabled else None for r in admitted]
+                fresh = [r for r, hit in zip(admitted, found) if hit is None]
+                reused = [(r, hit) for r, hit in zip(admitted, found) if hit is not None]
+                parts = []
+                if fresh:
+                    parts.append((fresh, *self._prefill([r.prompt for r in fresh], _room(fresh))))
+                if reused:
+                    rows = [r for r, _ in reused]
+                    parts.append((rows, *self._prefill_after([hit for _, hit in reused], rows, _room(rows))))
         except BaseException:
             self.waiting.extendleft(reversed(admitted))  # still the sampler's: a failure reaches them
             raise
-        positions = mask.sum(1, keepdim=True)
-        if not self.rows:
-            self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
-        else:
-            self._merge(cache, mask, positions, logits, _room(self.rows + admitted))
-        if not self.rows:
-            self.version = version  # else the older rows' cache is the staler: a recompute redoes every row
-        self.rows += admitted
-        self.logits_versions += [version] * len(admitted)
+        for rows, cache, mask, logits in parts:
+            positions = mask.sum(1, keepdim=True)  # a row's next position: its token count, gaps excluded
+            if not self.rows:
+                self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
+                self.version = version  # else the older rows' cache is the staler: a recompute redoes every row
+            else:
+                self._merge(cache, mask, positions, logits, _room(self.rows + rows))
+            self.rows += rows
+            self.logits_versions += [version] * len(rows)
+
+    def _prefill_after(self, hits: list[tuple[int, Any]], rows: list[Row], room: int) -> tuple[Any, torch.Tensor,
+                                                                                              torch.Tensor]:
+        """Prefill only what follows each row's kept prefix: the prefixes' KV, left-padded to one width,
+        is the past; each row's rest is right-aligned after it (a masked gap between them where the rest
+        is shorter than the longest). The cache, mask and last logits, one row per row."""
+        host = self.host
+        lengths = torch.tensor([n for n, _ in hits])
+        width = int(lengths.max())
+        ids, rest = left_pad([r.prompt[n:] for r, (n, _) in zip(rows, hits)], host.pad_token_id)
+        past = (torch.arange(width) >= (width - lengths)[:, None]).long()
+        cache = GrowingCache()
+        for layer_index in range(len(hits[0][1].layers)):
+            keys = torch.stack([_pad_left(p.layers[layer_index][0], width, 1) for _, p in hits])
+            values = torch.stack([_pad_left(p.layers[layer_index][1], width, 1) for _, p in hits])
+            layer = GrowingLayer()
+            layer.lazy_initialization(keys, values)
+            layer.set(keys, values, room=ids.shape[1] + room)
+            cache.layers.append(layer)
+        mask = torch.cat([past, rest], 1).to(host.device)
+        positions = (lengths[:, None] + rest.cumsum(1) - 1).clamp(min=0).to(host.device)
+        out = host._forward(input_ids=ids.to(host.device), attention_mask=mask, position_ids=positions,
+                            use_cache=True, **host.prefill_args, **{host.cache_arg: cache})
+        return getattr(out, host.cache_arg), mask, out.logits[:, -1]
+
+    def _keep_prefixes(self, finished: list[Row]) -> None:
+        """Keep each finished row's KV (its prompt and sampled tokens but the last, which no forward pass
+        read) when one weight version wrote all of it."""
+        index = {id(row): i for i, row in enumerate(self.rows)}
+        for row in finished:
+            if len(set(row.versions)) != 1:
+                continue
+            i = index[id(row)]
+            valid = self.mask[i].bool()
+            layers = [(layer.keys[i][:, valid], layer.values[i][:, valid]) for layer in self.cache.layers]
+            self.prefixes.store(row.prompt + row.tokens[:-1], row.versions[0], layers)
 
     def _prefill(self, sequences: list[list[int]], room: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """One forward pass over the distinct sequences (left-padded); the cache, mask and last logits
