@@ -319,8 +319,8 @@ def test_a_request_waiting_for_resume_gets_a_clear_error_within_the_deadline(tin
 # --- protocols, the Ray proxy and merge, the contract kit ------------------------------------------
 
 
-def test_the_hf_backend_pauses_for_refit_and_is_not_asynchronous(gen):
-    assert isinstance(gen, PausesForRefit) and not isinstance(gen, AsyncGeneration)
+def test_the_hf_backend_pauses_for_refit_and_takes_requests_asynchronously(gen):
+    assert isinstance(gen, PausesForRefit) and isinstance(gen, AsyncGeneration)  # continuous batching (issue 35)
     assert issubclass(HFGeneration, PausesForRefit)
 
     class Blocking:

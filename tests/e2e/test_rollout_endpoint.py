@@ -112,13 +112,22 @@ def tiny(tiny_model_dir, registry):
     generation = HFGeneration(None, RunContext(config=config, run_dir=tiny_model_dir, model_path=str(tiny_model_dir),
                                                tokenizer_path=str(tiny_model_dir), device="cpu", seed=0,
                                                needs_reference=False))
-    calls, generate = [], generation.generate
+    calls, generate, submit, step = [], generation.generate, generation.submit, generation.sampler.step
+    widest = [0]  # the most rows the continuous-batching sampler decoded at once
 
     def counted(inputs, sampling):  # every generate call: (rows, the SamplingParams the backend got)
         calls.append((inputs.input_ids.shape[0], sampling))
         return generate(inputs, sampling)
 
-    generation.generate = counted
+    def submitted(request_id, inputs, sampling):  # the engine streams: every request, as counted() counts
+        calls.append((inputs.input_ids.shape[0], sampling))
+        return submit(request_id, inputs, sampling)
+
+    def stepped(between):
+        widest[0] = max(widest[0], len(generation.sampler.rows) + len(generation.sampler.waiting))
+        return step(between)
+
+    generation.generate, generation.submit, generation.sampler.step = counted, submitted, stepped
     tok = load_tokenizer(str(tiny_model_dir))
     engine = GenerationEngine(generation, pad_token_id=tok.pad_token_id)
     engine.start()
@@ -126,7 +135,8 @@ def tiny(tiny_model_dir, registry):
     run = Endpoint(engine, tok, EndpointSettings(**settings))
     own = Endpoint(engine, tok, EndpointSettings(sampling="request", **settings))
     with serving(run) as server, serving(own) as own_server:
-        yield SimpleNamespace(tok=tok, engine=engine, ep=run, srv=server, own=own, own_srv=own_server, calls=calls)
+        yield SimpleNamespace(tok=tok, engine=engine, ep=run, srv=server, own=own, own_srv=own_server, calls=calls,
+                              widest=widest)
     engine.stop()
 
 
@@ -502,4 +512,5 @@ def test_64_concurrent_sessions_are_batched_and_chained(tiny):
         assert turns[0].prompt_ids == ids_of(tiny.tok, f"{i}+{i}>", special=True)
         assert turns[2].prompt_ids[len(turns[1].context):] == ids_of(tiny.tok, "=>")
     calls = tiny.calls[before:]
-    assert sum(rows for rows, _ in calls) == 192 and len(calls) < 192 and max(rows for rows, _ in calls) > 1
+    assert tiny.engine.streaming and sum(rows for rows, _ in calls) == 192
+    assert tiny.widest[0] > 1  # one request per turn, decoded beside the others (continuous batching)

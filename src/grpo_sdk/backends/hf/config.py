@@ -29,8 +29,19 @@ class HFGenerationConfig:
         "generator (its tokens do not depend on the rest of the batch). false: the whole-batch loop, which "
         "decodes every row until the longest ends and prefills each row (the loop before issue 35; compile "
         "always uses it, for its static shapes).")
+    autocast: Literal["policy", "bfloat16"] | None = option(
+        "policy", "Mixed precision of sampling. policy: the autocast the hf policy trains under (policy.hf.autocast), "
+        "so the sampler's logprobs are the policy's (token_mult_prob_error near 1); bfloat16: sample under bf16 "
+        "autocast whatever the policy does (faster where the CPU has bf16 matrix units; the logprobs then differ "
+        "from a float32 policy's by bf16 rounding, as a bf16 vLLM's do); null: no autocast.")
     max_num_seqs: int = option(256, "With continuous_batching: the most rows decoding at once; the others wait and "
                                "are admitted as rows finish.", validator=attrs.validators.gt(0))
+    prefix_cache_tokens: int = option(
+        8192, "With continuous_batching: keep the KV of finished rows, up to this many tokens (least recently used "
+        "out), so a prompt that extends one (a multi-turn episode's next turn) prefills only the new tokens. "
+        "Memory: tokens x layers x 2 x KV heads x head size x bytes (SmolLM2-135M under bf16 autocast: 23 KB a "
+        "token, 190 MB at 8192). Dropped at finish_generation and on a weight update; 0: off.",
+        validator=attrs.validators.ge(0))
     share_policy_model: Literal["auto", True, False] = option(
         "auto", "Sample with the hf policy's own module instead of a second copy of the model: no copy in "
         "memory (a 25M-parameter run's peak RSS drops by about the model's size) and the weight sync copies "

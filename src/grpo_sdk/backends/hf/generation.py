@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -36,6 +38,7 @@ from torch.func import functional_call
 from grpo_sdk.backends.hf import lora
 from grpo_sdk.backends.hf.config import SHARE_KEY, HFGenerationConfig, policy_autocast, shares_policy_model
 from grpo_sdk.backends.hf.loading import autocast_context, load_model
+from grpo_sdk.backends.hf.sampler import ContinuousSampler, Request, request_output
 from grpo_sdk.backends.hf.step_gate import StepGate
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
 from grpo_sdk.plugins.tensors import DTYPES, position_ids_for, sample_token
@@ -68,16 +71,17 @@ class HFGeneration:
         # Compiled decoding passes 4D boolean masks, which SDPA reads as-is and eager attention does not.
         attn = "sdpa" if config.compile else config.attn_implementation
         self.policy = self._shared_policy(config, context)
-        self.autocast_dtype = DTYPES.get(policy_autocast(context.config))
+        autocast = policy_autocast(context.config) if config.autocast == "policy" else config.autocast
+        self.autocast_dtype = DTYPES.get(autocast)
+        self.autocast = autocast_context(self.device, autocast)
         if self.policy is not None:
-            self.model, self.autocast = self.policy.model, self.policy.autocast
+            self.model = self.policy.model
             self.policy.shared_with_generation = True
             self._weights = {}
         else:
             self.model = load_model(context.model_path, dtype=context.config.policy.precision,
                                     device=context.device, attn_implementation=attn)
             self.model.requires_grad_(False)
-            self.autocast = autocast_context(self.device, policy_autocast(context.config))
             self._weights = dict(self.model.state_dict())
         tokenizer = load_tokenizer(context.tokenizer_path)
         self.eos_token_id = tokenizer.eos_token_id
@@ -92,6 +96,11 @@ class HFGeneration:
         self._gate = StepGate(timeout_s=context.config.cluster.call_timeout_s)
         self._low_precision: tuple[int, dict[str, torch.Tensor]] | None = None  # (weight version, casts)
         self._folded: dict | None = None  # a shared LoRA policy's layers while it samples (_base_modules)
+        # The continuous-batching sampler (sampler.py); compile keeps the whole-batch loop's static shapes.
+        self.sampler = ContinuousSampler(self, config.max_num_seqs, config.prefix_cache_tokens) \
+            if config.continuous_batching and not config.compile else None
+        self._engine_lock = threading.Lock()  # one thread runs a sampler step at a time; any may drive it
+        self._submitted: dict[str, Request] = {}  # AsyncGeneration requests not yet polled
 
     def _shared_policy(self, config: HFGenerationConfig, context: RunContext):
         """The hf policy of this run and process whose module this generation samples with, or None."""
@@ -131,11 +140,96 @@ class HFGeneration:
                 param.requires_grad_(True)
 
     def generate(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
+        if self.sampler is not None:
+            return self._generate_continuous(prompts, sampling)
         with self._sampling_mode(), self.autocast(), self._base_modules() as self._folded:
             try:
                 return self._generate(prompts, sampling)
             finally:
                 self._low_precision = self._folded = None  # the casts live for one call: weights move in training
+
+    # --- the continuous-batching sampler: generate, and AsyncGeneration's submit / poll / cancel -----
+
+    def _seeds(self, prompts: GenerationInput, sampling: SamplingParams) -> list[int]:
+        """Each row's sampling seed: the caller's, else drawn from this backend's RNG (one draw per call,
+        so a checkpointed RNG resumes exactly), or from ``sampling.seed`` (validation)."""
+        if prompts.seeds is not None:
+            return [int(s) for s in prompts.seeds.tolist()]
+        generator = self.generator if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        if generator.device.type != "cpu":
+            generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator,
+                                                                        device=generator.device)))
+        return torch.randint(2**62, (prompts.input_ids.shape[0],), generator=generator).tolist()
+
+    def _add(self, request_id: object, prompts: GenerationInput, sampling: SamplingParams) -> Request:
+        budgets = row_budgets(prompts, sampling.max_new_tokens, torch.device("cpu")).tolist()
+        stops = frozenset(stop_token_ids(self.eos_token_id, sampling, torch.device("cpu")).tolist())
+        with self._engine_lock:
+            return self.sampler.add(request_id, prompts, sampling, self._seeds(prompts, sampling), budgets, stops)
+
+    def _step(self) -> None:
+        """One sampler step, under the locks and modes a forward pass needs (callers hold no lock). A
+        failure fails every request in the sampler: their state is the error's."""
+        with self._engine_lock:
+            if self.sampler.idle:
+                return
+            with self._sampling_mode(), self.autocast(), self._base_modules() as self._folded:
+                try:
+                    self.sampler.step(self._between_decode_steps)
+                except BaseException as exc:
+                    self.sampler.fail(exc)
+                    raise
+                finally:
+                    self._folded = None
+                    if self.sampler.idle:
+                        self._low_precision = None  # the casts live while rows run: weights move in training
+
+    def _generate_continuous(self, prompts: GenerationInput, sampling: SamplingParams) -> GenerationOutput:
+        with self._gate.generation():
+            request = self._add(object(), prompts, sampling)
+            while request.open and request.error is None:
+                self._step()
+        if request.error is not None:
+            raise request.error
+        return request_output(request, self.pad_token_id)
+
+    def submit(self, request_id: str, prompts: GenerationInput, sampling: SamplingParams) -> None:
+        """Queue a request; ``poll`` runs the sampler (in the caller's thread) and returns it when done."""
+        if self.sampler is None:
+            raise RuntimeError("hf generation: submit/poll need policy.generation.hf.continuous_batching=true "
+                               "and compile=false")
+        if request_id in self._submitted:
+            raise ValueError(f"hf generation: request {request_id!r} was submitted and not yet polled")
+        self._submitted[request_id] = self._add(request_id, prompts, sampling)
+
+    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | BaseException]]:
+        """Run sampler steps until a submitted request finishes or ``timeout_s`` passes; every finished
+        request (or its error). While paused (without keeping requests in flight) nothing runs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = [(rid, r) for rid, r in list(self._submitted.items()) if r.open == 0 or r.error is not None]
+            if done or not self._submitted or time.monotonic() >= deadline:
+                for rid, _ in done:
+                    del self._submitted[rid]
+                return [(rid, r.error if r.error is not None else request_output(r, self.pad_token_id))
+                        for rid, r in done]
+            with self._gate.polling() as admitted:
+                if not admitted:
+                    time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+                    continue
+                try:
+                    self._step()
+                except Exception:  # noqa: BLE001 - the requests carry the error to their poll
+                    pass
+
+    def cancel(self, request_ids) -> None:
+        ids = set(request_ids)
+        if self.sampler is None:
+            return
+        with self._engine_lock:
+            self.sampler.cancel(ids)
+        for rid in ids:
+            self._submitted.pop(rid, None)
 
     def _base_modules(self):
         """A shared LoRA policy under autocast samples as the merged model: its base Linears in place of
@@ -328,7 +422,8 @@ class HFGeneration:
             self.policy.onload()  # an offload before the module was shared: sample where the policy trains
 
     def finish_generation(self) -> None:
-        pass
+        if self.sampler is not None:
+            self.sampler.prefixes.clear()  # a colocated policy trains next: hold no KV
 
     def shutdown(self) -> None:
         if self.policy is not None:

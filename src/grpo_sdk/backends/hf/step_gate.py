@@ -59,6 +59,21 @@ class StepGate:
                 self._cond.notify_all()
 
     @contextmanager
+    def polling(self) -> Iterator[bool]:
+        """Around one ``poll``: like ``generation``, but never waits; yields False (run nothing) while
+        paused, except that a ``keep_in_flight`` pause lets the requests already running go on."""
+        with self._cond:
+            admitted = not self._paused or self._keep_in_flight
+            self._running += admitted
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+
+    @contextmanager
     def forward(self, stale: Callable[[], bool] = lambda: False) -> Iterator[None]:
         """Around one forward pass. ``stale()`` says whether the weights changed since the caller's
         KV cache was written; then, during a ``keep_in_flight`` pause, the step waits for ``resume``
