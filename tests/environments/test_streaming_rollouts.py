@@ -115,6 +115,12 @@ def test_one_call_per_group_at_most_the_bound_at_once(registry, tmp_path, tiny_m
     assert Calls.most == bound  # 4 calls of 0.2 s took 4 / bound latencies, not 4
 
 
+def test_the_whole_batch_hf_loop_is_driven_through_batched_generation(registry, tmp_path, tiny_model_dir):
+    batch, _ = rollouts(registry, tmp_path, tiny_model_dir, "env.max_concurrent_calls=4",
+                        "policy.generation.hf.continuous_batching=false")
+    assert Calls.sizes == [4, 4, 4, 4] and batch.batch_size == 16
+
+
 def test_concurrent_calls_give_the_batch_one_call_gives(registry, tmp_path, tiny_model_dir):
     """Calls returning out of order (the first group's is slowest) change nothing: rows, rewards,
     components, metrics (weighted by samples) and logs are those of one call for the whole batch."""
