@@ -8,10 +8,9 @@ within one process, round by round (the order reversed every other round), so al
 load; printed per contender: the median
 ``timing/step`` after ``--skip`` steps and samples per wall second.
 
-What it can show: whether scoring stops being the step's floor. With a backend that generates the
-whole batch in one call (hf today, through ``rollouts.streaming.BatchedGeneration``) every group
-comes back at once, so N concurrent 0.2 s calls cost one latency, as the one batched call did: the
-step time should not move. Scoring overlaps decoding only with a streaming ``AsyncGeneration``.
+What it can show: whether scoring stops being the step's floor. With a judge whose latency is per
+call, the last group's call starts after the last row is decoded whatever the bound, so a
+single-turn step should not move; ``--scenario c`` (long-tailed lengths) lets groups finish apart.
 
     OMP_NUM_THREADS=1 taskset -c 1 nice .venv/bin/python benchmarks/env_concurrency.py --steps 12 --rounds 1
 """
@@ -38,8 +37,13 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the timing (warm-up)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--calls", type=int, default=8, help="env.max_concurrent_calls of the 'after' contenders")
+    parser.add_argument("--scenario", choices=("b", "c"), default="b",
+                        help="b: equal lengths; c: long-tailed lengths (longtail_reverse), its judge made 0.2 s a call")
     args = parser.parse_args()
-    scenario = avs.SCENARIOS["b"]
+    scenario = avs.SCENARIOS[args.scenario]
+    if args.scenario == "c":
+        scenario = avs.attrs.evolve(scenario, title=scenario.title + ", 0.2 s per scoring call",
+                                    overrides=[*scenario.overrides, "env.longtail_reverse.latency_s=0.2"])
     contenders = {f"{mode} calls={calls}": (mode, [f"env.max_concurrent_calls={calls}"])
                   for calls in (0, args.calls) for mode in ("sync", "async A=1")}
     times: dict[str, list[float]] = {name: [] for name in contenders}

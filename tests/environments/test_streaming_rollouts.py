@@ -110,7 +110,9 @@ def rollouts(registry, tmp_path, model_dir, *overrides, name="run"):
 
 @pytest.mark.parametrize("bound", [2, 4])
 def test_one_call_per_group_at_most_the_bound_at_once(registry, tmp_path, tiny_model_dir, bound):
-    rollouts(registry, tmp_path, tiny_model_dir, f"env.max_concurrent_calls={bound}")
+    # The whole-batch loop returns every group at once, so how many calls overlap is the pool's doing
+    rollouts(registry, tmp_path, tiny_model_dir, f"env.max_concurrent_calls={bound}",
+             "policy.generation.hf.continuous_batching=false")
     assert Calls.sizes == [4, 4, 4, 4]  # 4 groups of 4 samples: a call each
     assert Calls.most == bound  # 4 calls of 0.2 s took 4 / bound latencies, not 4
 
@@ -167,10 +169,12 @@ class OneAtATime(BatchedGeneration):
     def __init__(self, generation, pad_token_id, delay_s=0.0):
         super().__init__(generation, pad_token_id)
         self.seeds, self.delay_s, self.early_turns = [], delay_s, []
+        self.unreturned = 0  # submitted, not yet returned (read from the environment's threads)
 
     def submit(self, request_id, prompts, sampling):
         if not request_id.endswith("/1"):  # a later turn: how many first turns still wait
             self.early_turns.append(sum(r.endswith("/1") for r in self.waiting))
+        self.unreturned += 1
         super().submit(request_id, prompts, sampling)
 
     def poll(self, timeout_s):
@@ -181,9 +185,11 @@ class OneAtATime(BatchedGeneration):
         self.seeds.append(self.waiting[newest][0].seeds.tolist())
         kept, self.waiting = self.waiting, {newest: self.waiting[newest]}
         try:
-            return super().poll(timeout_s)
+            out = super().poll(timeout_s)
         finally:
             self.waiting = {k: v for k, v in kept.items() if k != newest}
+        self.unreturned -= len(out)
+        return out
 
     def prepare_for_generation(self):
         self.generation.prepare_for_generation()
@@ -197,12 +203,12 @@ def test_a_streaming_backend_has_groups_scored_while_others_wait(registry, tmp_p
                             "env.max_concurrent_calls=4")
     parts, cfg = trainer.components, trainer.config
     Calls.reset()
-    engine = OneAtATime(parts.generation, parts.tokenizer.pad_token_id)
+    engine = OneAtATime(parts.generation, parts.tokenizer.pad_token_id, delay_s=0.1)
     waiting_at_call = []
     step = parts.environment.component.step
 
     def recording(logs, metadata):
-        waiting_at_call.append(len(engine.waiting))
+        waiting_at_call.append(engine.unreturned)
         return step(logs, metadata)
 
     parts.environment.component.step = recording

@@ -6,10 +6,11 @@ the chat template continues the conversation. The next turn is generated from th
 the policy is trained on them, so the train sequence is, token for token, what the generation
 backend saw: no retokenisation drift between turns.
 
-One turn for every episode still going, batched across episodes::
+Per group (the episodes of one prompt), turn by turn, each group at its own pace::
 
-    generate one assistant turn per episode          (one Generation.generate call)
-    step the environment on those episodes           (one Environment.step call)
+    generate one assistant turn per episode still going   (one request: submit, then poll)
+    step the environment on them                         (a call per group, env.max_concurrent_calls
+                                                          at once; 0: one call for every group's turn)
     append each observation's tokens; end the episodes that are done, out of turns
     (grpo.max_rollout_turns) or out of room (policy.max_total_sequence_length)
 
