@@ -84,8 +84,9 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 class _Group:
     """The episodes of one prompt, which go to the generation and the environment together."""
 
-    index: int  # global group index (the batch's group id)
+    index: int  # global group index of its first episode (orders the groups)
     episodes: list[Episode]
+    rows: list[tuple[int, int]]  # per episode: its global group index and its place in that group (its seeds)
     turn: int = 0
     active: list[Episode] = attrs.field(factory=list)  # this turn's episodes
     room: list[int] = attrs.field(factory=list)  # tokens each has left
@@ -119,17 +120,22 @@ def run_episodes(episodes: list[Episode], *, generation: Any, environment: Any, 
     """Play every episode to its end; the reward components' names and the environment's metrics
     (each call's, weighted by its samples).
 
-    Each group (``group_size`` consecutive episodes; None: all of them) is one generation request per
-    turn; with ``max_concurrent_calls`` > 0 it is scored (``Scorer``) as soon as its request returns,
-    and goes on to its next turn as soon as its scoring does. A backend that is not an
+    With ``max_concurrent_calls`` > 0 each group (``group_size`` consecutive episodes; None: all of
+    them) is one generation request per turn, scored (``Scorer``) as soon as its request returns, and
+    goes on to its next turn as soon as its scoring does; with 0, one request and one call per turn
+    cover every episode, as one generate call did. A backend that is not an
     ``AsyncGeneration`` generates only when no call is out, so its batches (and its RNG draws) do not
     depend on timing. ``seed`` (validation: ``SamplingParams.seed``) derives each row's
     ``GenerationInput.seeds`` (``streaming.row_seed``)."""
     size = group_size or max(len(episodes), 1)
-    groups = [_Group(index=group_offset + i, episodes=episodes[start:start + size])
-              for i, start in enumerate(range(0, len(episodes), size))]
+    rows = [(group_offset + j // size, j % size) for j in range(len(episodes))]
     engine, streams = as_async(generation, tokenizer.pad_token_id)
     scorer = Scorer(environment, env_name, on_error, max_concurrent_calls)
+    # Scored per group, a group is a request of its own; else one request per turn for them all, the
+    # batch a generate call had (a backend's numerics depend on its batch: same batches, same runs)
+    step = size if scorer.per_group else max(len(episodes), 1)
+    groups = [_Group(index=group_offset + start // size, episodes=episodes[start:start + step],
+                     rows=rows[start:start + step]) for start in range(0, len(episodes), step)]
     base = sampling.seed if sampling.seed is not None else seed
     prefix = f"rollout-{uuid.uuid4().hex[:8]}-"
     generating: dict[str, _Group] = {}
@@ -203,7 +209,7 @@ def _next_turn(group: _Group, sampling: SamplingParams, max_total_tokens: int, p
     """The group's next generation request (its episodes still going, each with its room as its
     token budget), or None when every episode has ended."""
     group.turn += 1
-    rows = [(i, e) for i, e in enumerate(group.episodes) if not e.done]
+    rows = [(row, e) for row, e in zip(group.rows, group.episodes) if not e.done]
     group.active = [e for _, e in rows]
     if not group.active:
         return None
@@ -215,7 +221,7 @@ def _next_turn(group: _Group, sampling: SamplingParams, max_total_tokens: int, p
     input_ids, attention_mask = left_pad([e.context for e in group.active], pad_id)
     budgets = torch.tensor([min(r, limit) for r in group.room], dtype=torch.long)
     seeds = None if base is None else torch.tensor(
-        [row_seed(base, group.index, i, group.turn) for i, _ in rows], dtype=torch.long)
+        [row_seed(base, g, i, group.turn) for (g, i), _ in rows], dtype=torch.long)
     return GenerationInput(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=budgets,
                            seeds=seeds), turn_sampling
 

@@ -326,8 +326,11 @@ class GenerationGroup(WorkerGroup):
         rows = int(prompts.input_ids.shape[0])
         calls = []
         for i, (start, stop) in enumerate(split_rows(rows, len(self.workers))):
+            budgets, seeds = prompts.max_new_tokens, prompts.seeds  # per row: they travel with their rows
             chunk = GenerationInput(input_ids=prompts.input_ids[start:stop],
-                                    attention_mask=prompts.attention_mask[start:stop])
+                                    attention_mask=prompts.attention_mask[start:stop],
+                                    max_new_tokens=budgets[start:stop] if budgets is not None else None,
+                                    seeds=seeds[start:stop] if seeds is not None else None)
             params = sampling
             if sampling.seed is not None and i > 0:  # a fixed-seed call (validation): a distinct stream per replica
                 params = attrs.evolve(sampling, seed=sampling.seed + 1_000_003 * i)
