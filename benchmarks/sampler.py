@@ -191,7 +191,9 @@ def worker(spec: dict) -> None:
     backend, batch = build_generation(spec)
     sampling = SamplingParams(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"])
     forwards = Forwards(backend) if name != "vllm" else None
-    say(event="ready", threads=torch.get_num_threads(), rows=int(batch.input_ids.shape[0]),
+    import grpo_sdk
+
+    say(event="ready", threads=torch.get_num_threads(), rows=int(batch.input_ids.shape[0]), grpo_sdk=grpo_sdk.__file__,
         prompt_width=int(batch.input_ids.shape[1]), peak_rss_mb=peak_rss_mb())
     for line in sys.stdin:
         command = json.loads(line)
@@ -329,7 +331,8 @@ def summarise(calls: list[dict], lengths: list[int], ready: dict, done: dict) ->
     result = {"seconds_median": statistics.median(walls), "seconds_min": min(walls), "seconds_max": max(walls),
               "seconds": [round(w, 4) for w in walls], "tokens_per_s": sum(lengths) * len(walls) / sum(walls),
               "lengths_match": all(c["lengths"] == lengths for c in calls), "threads": ready["threads"],
-              "peak_rss_mb": round(done["peak_rss_mb"]), "load_during": [round(c["load"], 2) for c in calls]}
+              "peak_rss_mb": round(done["peak_rss_mb"]), "load_during": [round(c["load"], 2) for c in calls],
+              "grpo_sdk": ready["grpo_sdk"]}
     splits = [c["split"] for c in calls if c.get("split")]
     if splits:
         result["split_median_s"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
