@@ -130,7 +130,8 @@ def prompt_batch(tokenizer, spec: dict):
 
 
 class Forwards:
-    """Times an hf generation's model calls: prefill (more than one new position) and decode forwards."""
+    """Times an hf generation's model calls (its ``_forward``): prefill (a call with more than one
+    position per row) and decode forwards. A sampler that packs rows differently needs its own split."""
 
     def __init__(self, backend):
         self.prefill = self.decode = 0.0
@@ -141,11 +142,12 @@ class Forwards:
             return
         self.active = True
 
-        def timed(**kwargs):
+        def timed(*args, **kwargs):
             tick = time.perf_counter()
-            out = inner(**kwargs)
+            out = inner(*args, **kwargs)
             spent = time.perf_counter() - tick
-            if kwargs["input_ids"].shape[1] > 1:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None and ids.dim() == 2 and ids.shape[1] > 1:
                 self.prefill += spent
             else:
                 self.decode += spent
@@ -226,7 +228,7 @@ class Worker:
                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         if spec["contender"] == "vllm":  # this worktree's grpo-sdk, not the one installed in vLLM's venv
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        self.name, self.log, self.calls = spec["contender"], log, []
+        self.name, self.log = spec["contender"], log
         self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("w"),
                                      text=True, env=env, cwd=BENCH)
@@ -287,43 +289,58 @@ def run(args: argparse.Namespace) -> dict:
     import _common
 
     load_before = os.getloadavg()
+    calls: dict[str, list[dict]] = {name: [] for name in args.contenders}  # the timed calls, every process's
+    ready, done, drawn = {}, {}, None
     with tempfile.TemporaryDirectory(prefix="grpo-sampler-") as tmp:
         model_dir, chat = resolve_model(args, Path(tmp))
         spec = {"model_dir": model_dir, "chat": chat, "prompts": args.prompts, "generations": args.generations,
                 "max_new_tokens": args.max_new_tokens, "max_len": args.max_new_tokens + 256, "seed": args.seed,
                 "temperature": args.temperature, "autocast": args.autocast, "attn": args.attn,
                 "compile": args.compile, "max_num_seqs": args.max_num_seqs}
-        workers = {name: Worker({**spec, "contender": name}, args.vllm_python if name == "vllm" else sys.executable,
-                                Path(tmp) / f"{name}.log") for name in args.contenders}
-        try:
-            ready = {name: w.ask("ready") for name, w in workers.items()}
-            rows = next(iter(ready.values()))["rows"]
-            lengths, origin = draw_lengths(args, rows, workers)
-            order = list(workers.values())
-            for round_ in range(args.warmup + args.repeats):
-                shift = round_ % len(order)
-                for w in order[shift:] + order[:shift]:
-                    call = w.ask("call", do="call", lengths=lengths)
-                    call["load"] = os.getloadavg()[0]
-                    w.calls.append(call)
-            done = {name: w.ask("done", do="stop") for name, w in workers.items()}
-            for w in workers.values():
-                w.proc.wait(timeout=120)
-        finally:
-            for w in workers.values():
-                if w.proc.poll() is None:
-                    w.proc.kill()
-                    w.proc.wait()
-    results = {name: summarise(w.calls[args.warmup:], lengths, ready[name], done[name]) for name, w in workers.items()}
-    return {"model": args.model, "prompts": args.prompts, "generations": args.generations, "rows": rows,
+        for restart in range(args.restarts):  # fresh processes, another contender started first
+            names = args.contenders[restart % len(args.contenders):] + args.contenders[:restart % len(args.contenders)]
+            drawn = one_process_set(args, spec, names, Path(tmp), drawn, calls, ready, done)
+    lengths, origin = drawn
+    results = {name: summarise(calls[name], lengths, ready[name], done[name]) for name in args.contenders}
+    return {"model": args.model, "prompts": args.prompts, "generations": args.generations, "rows": len(lengths),
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
-            "warmup": args.warmup, "autocast": args.autocast, "attn": args.attn, "compile": args.compile,
-            "max_num_seqs": args.max_num_seqs, "cpus": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
-            "load_avg_before": [round(x, 2) for x in load_before],
+            "warmup": args.warmup, "restarts": args.restarts, "autocast": args.autocast, "attn": args.attn,
+            "compile": args.compile, "max_num_seqs": args.max_num_seqs, "cpus": os.cpu_count(),
+            "affinity": sorted(os.sched_getaffinity(0)), "load_avg_before": [round(x, 2) for x in load_before],
             "load_avg_after": [round(x, 2) for x in os.getloadavg()],
             "lengths_origin": origin, "lengths": lengths, "length_stats": _common.length_stats(lengths),
             "decode_waste_whole_batch": round(1 - sum(lengths) / (len(lengths) * max(lengths)), 3),
-            "results": results, "ratios": ratios(workers, args.warmup)}
+            "results": results, "ratios": ratios(calls)}
+
+
+def one_process_set(args: argparse.Namespace, spec: dict, names: list[str], tmp: Path, drawn: tuple | None,
+                    calls: dict, ready: dict, done: dict) -> tuple[list[int], str]:
+    """Start one worker per contender, draw the lengths (once per run), alternate the calls, stop them.
+    Appends the timed calls to ``calls``; keeps each contender's highest peak RSS in ``done``."""
+    workers = [Worker({**spec, "contender": name}, args.vllm_python if name == "vllm" else sys.executable,
+                      tmp / f"{name}.log") for name in names]
+    try:
+        for w in workers:
+            ready[w.name] = w.ask("ready")
+        if drawn is None:
+            drawn = draw_lengths(args, ready[names[0]]["rows"], {w.name: w for w in workers})
+        for round_ in range(args.warmup + args.repeats):
+            shift = round_ % len(workers)
+            for w in workers[shift:] + workers[:shift]:
+                call = w.ask("call", do="call", lengths=drawn[0])
+                call["load"] = os.getloadavg()[0]
+                if round_ >= args.warmup:
+                    calls[w.name].append(call)
+        for w in workers:
+            peak = w.ask("done", do="stop")["peak_rss_mb"]
+            done[w.name] = {"peak_rss_mb": max(peak, done.get(w.name, {}).get("peak_rss_mb", 0))}
+            w.proc.wait(timeout=120)
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+    return drawn
 
 
 def summarise(calls: list[dict], lengths: list[int], ready: dict, done: dict) -> dict:
@@ -339,12 +356,12 @@ def summarise(calls: list[dict], lengths: list[int], ready: dict, done: dict) ->
     return result
 
 
-def ratios(workers: dict[str, Worker], warmup: int) -> dict:
+def ratios(calls: dict[str, list[dict]]) -> dict:
     """Per pair: each round's time ratio (the two calls of one round), its median and spread."""
     out = {}
     for a, b in (("new", "today"), ("new", "vllm"), ("vllm", "today")):
-        if a in workers and b in workers:
-            paired = [x["wall"] / y["wall"] for x, y in zip(workers[a].calls[warmup:], workers[b].calls[warmup:])]
+        if a in calls and b in calls:
+            paired = [x["wall"] / y["wall"] for x, y in zip(calls[a], calls[b])]
             out[f"{a}/{b}_time"] = {"median": statistics.median(paired), "min": min(paired), "max": max(paired),
                                     "spread": max(paired) - min(paired)}
     if "new/vllm_time" in out:  # the same tokens: the tokens/s ratio is the inverse time ratio
@@ -363,7 +380,7 @@ def print_report(s: dict) -> None:
           f"{s['temperature']}, up to {s['max_new_tokens']} new tokens; fixed lengths ({s['lengths_origin']}): "
           f"mean {stats['mean']:.1f} / median {stats['median']} / p90 {stats['p90']} / max {stats['max']} "
           f"(whole-batch decode waste {s['decode_waste_whole_batch']:.0%}); {s['repeats']} calls each after "
-          f"{s['warmup']} warm-up, alternating; switches: autocast {s['autocast']}, attn {s['attn'] or 'default'}, "
+          f"{s['warmup']} warm-up, alternating, in {s['restarts']} set(s) of processes; switches: autocast {s['autocast']}, attn {s['attn'] or 'default'}, "
           f"compile {s['compile']}, max_num_seqs {s['max_num_seqs']}")
     print(f"{'contender':<9}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/s':>9}{'peak RSS MB':>13}{'threads':>8}"
           f"{'lengths ok':>11}   prefill / decode s (steps)")
@@ -395,7 +412,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per contender")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls per contender and process first")
+    parser.add_argument("--restarts", type=int, default=1, help="run it all this many times, each in fresh "
+                        "processes started in another order (--repeats timed calls each): a process's own speed "
+                        "varies (same-code A/A runs gave 0.88-1.5)")
     parser.add_argument("--autocast", choices=["bfloat16"], help="hf: sample under bf16 autocast; vLLM: bfloat16")
     parser.add_argument("--attn", choices=["sdpa", "eager"], help="hf attention kernel (default: transformers')")
     parser.add_argument("--compile", action="store_true", help="hf: policy.generation.hf.compile=true")
@@ -418,8 +438,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.contenders = [c.strip() for c in (args.contenders or ",".join(CONTENDERS)).split(",") if c.strip()]
     if unknown := [c for c in args.contenders if c not in CONTENDERS]:
         parser.error(f"--contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
-    if not args.contenders or min(args.prompts, args.generations, args.max_new_tokens, args.repeats) < 1:
-        parser.error("need a contender, and --prompts, --generations, --max-new-tokens, --repeats >= 1")
+    if not args.contenders or min(args.prompts, args.generations, args.max_new_tokens, args.repeats,
+                                  args.restarts) < 1:
+        parser.error("need a contender, and --prompts, --generations, --max-new-tokens, --repeats, --restarts >= 1")
     kind, _, value = args.lengths.partition(":")
     if kind not in ("natural", "geometric", "file") or (kind != "natural" and not value):
         parser.error(f"--lengths takes natural, geometric:MEAN or file:PATH, got {args.lengths!r}")
