@@ -157,7 +157,8 @@ class Forwards:
         backend._forward = timed
 
     def take(self) -> dict | None:
-        split = {"prefill_s": self.prefill, "decode_s": self.decode, "decode_steps": self.steps} if self.active else None
+        seen = self.active and (self.steps or self.prefill)  # a compiled loop calls the model past _forward
+        split = {"prefill_s": self.prefill, "decode_s": self.decode, "decode_steps": self.steps} if seen else None
         self.prefill = self.decode = 0.0
         self.steps = 0
         return split
