@@ -101,7 +101,7 @@ def build_generation(spec: dict):
         if spec["attn"]:
             overrides.append(f"policy.generation.hf.attn_implementation={spec['attn']}")
         if spec["autocast"]:
-            overrides.append(f"policy.hf.autocast={spec['autocast']}")
+            overrides.append(f"policy.generation.hf.autocast={spec['autocast']}")
     registry = Registry.discover()
     cfg = load_config(None, overrides, registry)
     context = RunContext(config=cfg, run_dir=Path(tempfile.mkdtemp(prefix=f"sampler-{name}-")), model_path=model,
@@ -381,7 +381,8 @@ def print_report(s: dict) -> None:
           f"{s['temperature']}, up to {s['max_new_tokens']} new tokens; fixed lengths ({s['lengths_origin']}): "
           f"mean {stats['mean']:.1f} / median {stats['median']} / p90 {stats['p90']} / max {stats['max']} "
           f"(whole-batch decode waste {s['decode_waste_whole_batch']:.0%}); {s['repeats']} calls each after "
-          f"{s['warmup']} warm-up, alternating, in {s['restarts']} set(s) of processes; switches: autocast {s['autocast']}, attn {s['attn'] or 'default'}, "
+          f"{s['warmup']} warm-up, alternating, in {s['restarts']} set(s) of processes; switches: autocast "
+          f"{s['autocast']}, attn {s['attn'] or 'default'}, "
           f"compile {s['compile']}, max_num_seqs {s['max_num_seqs']}")
     print(f"{'contender':<9}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/s':>9}{'peak RSS MB':>13}{'threads':>8}"
           f"{'lengths ok':>11}   prefill / decode s (steps)")
