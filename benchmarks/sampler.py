@@ -388,14 +388,17 @@ def print_report(s: dict) -> None:
           f"{'lengths ok':>11}   prefill / decode s (steps)")
     for name, r in s["results"].items():
         split = r.get("split_median_s")
-        split_text = f"{split['prefill_s']:.2f} / {split['decode_s']:.2f} ({split['decode_steps']:.0f})" if split else "-"
+        split_text = f"{split['prefill_s']:.2f} / {split['decode_s']:.2f} ({split['decode_steps']:.0f})" if split \
+            else "-"
         print(f"{name:<9}{r['seconds_median']:>10.3f}{r['seconds_min']:>8.3f}{r['seconds_max']:>8.3f}"
-              f"{r['tokens_per_s']:>9.1f}{r['peak_rss_mb']:>13}{r['threads']:>8}{str(r['lengths_match']):>11}   "
+              f"{r['tokens_per_s']:>9.1f}{r['peak_rss_mb']:>13}{r['threads']:>8}{r['lengths_match']!s:>11}   "
               f"{split_text}")
     for pair, r in s["ratios"].items():
         op, bound = TARGETS.get(pair, (None, None))
-        verdict = "" if op is None else f"; target {op} {bound}: {'met' if (r['median'] <= bound) == (op == '<=') else 'NOT met'}"
-        print(f"{pair}: median {r['median']:.3f} (range {r['min']:.3f}-{r['max']:.3f}, spread {r['spread']:.3f}){verdict}")
+        met = op is not None and (r["median"] <= bound) == (op == "<=")
+        verdict = "" if op is None else f"; target {op} {bound}: {'met' if met else 'NOT met'}"
+        print(f"{pair}: median {r['median']:.3f} (range {r['min']:.3f}-{r['max']:.3f}, "
+              f"spread {r['spread']:.3f}){verdict}")
     print(f"load avg {s['load_avg_before']} -> {s['load_avg_after']}; CPUs {s['cpus']}, this run on {s['affinity']}; "
           "one torch thread per contender (vLLM: VLLM_CPU_OMP_THREADS_BIND=nobind)")
 
