@@ -38,8 +38,11 @@ One torch thread everywhere (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``
     ... benchmarks/sampler.py --model 25M --max-new-tokens 256 --repeats 5
     ... benchmarks/sampler.py --quick          # smoke: 0.1M model, today and new, seconds
 
-Switches (hf contenders; issue 35 item 5): ``--autocast bfloat16``, ``--attn sdpa|eager``,
-``--compile`` (policy.generation.hf.compile), ``--max-num-seqs``. Results: docs/benchmarks.md.
+A process's own speed varies (two processes running the same loop differed by 10-50% on a busy
+machine), so ``--restarts R`` repeats everything in R fresh sets of processes, each started in another
+order, pooling the calls. Switches (hf contenders; issue 35 item 5): ``--autocast bfloat16``
+(policy.generation.hf.autocast), ``--attn sdpa|eager``, ``--compile`` (policy.generation.hf.compile),
+``--max-num-seqs``. Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
