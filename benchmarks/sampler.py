@@ -168,24 +168,13 @@ class Forwards:
 
 
 def fixed_call(backend, name: str, batch, sampling, budgets: list[int]):
-    """One call decoding exactly ``budgets[i]`` tokens for row ``i`` (EOS ignored)."""
+    """One call decoding exactly ``budgets[i]`` tokens for row ``i`` (EOS ignored): per-row budgets and
+    ``ignore_eos``, which the hf backend and grpo-sdk's vLLM backend (per-request max_tokens) both honour."""
     import attrs
     import torch
 
-    if name != "vllm":
-        rows = attrs.evolve(batch, max_new_tokens=torch.tensor(budgets, dtype=torch.long))
-        return backend.generate(rows, attrs.evolve(sampling, ignore_eos=True))
-    # grpo-sdk's vLLM backend sends one max_tokens for the call: the per-row budgets go to the engine
-    # directly, each row's SamplingParams built by the backend's own mapping.
-    from vllm.inputs import TokensPrompt
-
-    from grpo_sdk.backends.vllm.engine_inputs import prompt_rows, sampling_params
-
-    rows = prompt_rows(batch)
-    params = [sampling_params(attrs.evolve(sampling, max_new_tokens=n), i, ignore_eos=True)
-              for i, n in enumerate(budgets)]
-    outputs = backend.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
-    return type("Out", (), {"response_lengths": torch.tensor([len(o.outputs[0].token_ids) for o in outputs])})
+    rows = attrs.evolve(batch, max_new_tokens=torch.tensor(budgets, dtype=torch.long))
+    return backend.generate(rows, attrs.evolve(sampling, ignore_eos=True))
 
 
 def worker(spec: dict) -> None:

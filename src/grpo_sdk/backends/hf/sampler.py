@@ -24,7 +24,8 @@ running row under the new weights (recompute) or reads the old cache (keep).
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
