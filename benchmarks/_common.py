@@ -257,7 +257,8 @@ class BareGRPO:
     Responses are padded to the batch's longest, as a plain loop does."""
 
     def __init__(self, model_dir: Path, *, prompts: int, generations: int, new_tokens: int, lr: float,
-                 reward: Callable[[str], float], stop_at_eos: bool = False):
+                 reward: Callable[[str], float], stop_at_eos: bool = False,
+                 lengths: list[list[int]] | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from grpo_sdk.rollouts.episodes import left_pad
@@ -269,6 +270,8 @@ class BareGRPO:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.prompts, self.generations, self.new_tokens, self.reward = prompts, generations, new_tokens, reward
         self.eos_id = tok.eos_token_id if stop_at_eos else None
+        # fixed_lengths' table: step k decodes its longest length, each row's EOS placed at its own
+        self.fixed = iter(lengths) if lengths is not None else None
         rows = [tok(p)["input_ids"] for p in (PROMPTS * 8)[:prompts] for _ in range(generations)]
         self.input_ids, self.attention_mask = left_pad(rows, tok.pad_token_id)
         self.generator = torch.Generator().manual_seed(0)
@@ -276,8 +279,15 @@ class BareGRPO:
 
     def step(self) -> float:
         start, tok = time.perf_counter(), self.tokenizer
-        completion = bare_sample(self.model, self.input_ids, self.attention_mask, self.new_tokens, self.generator,
-                                 self.cache_arg, self.eos_id).clone()
+        if self.fixed is None:
+            completion = bare_sample(self.model, self.input_ids, self.attention_mask, self.new_tokens, self.generator,
+                                     self.cache_arg, self.eos_id).clone()
+        else:
+            lengths = torch.tensor(next(self.fixed))
+            completion = bare_sample(self.model, self.input_ids, self.attention_mask, int(lengths.max()),
+                                     self.generator, self.cache_arg).clone()
+            completion[completion == tok.eos_token_id] = tok.pad_token_id  # no EOS before its place
+            completion[torch.arange(len(lengths)), lengths - 1] = tok.eos_token_id
         after_eos = (completion == tok.eos_token_id).long().cumsum(1) - (completion == tok.eos_token_id).long()
         mask = (after_eos == 0).float()  # up to and including the first EOS
         self.lengths = mask.sum(1).long().tolist()
@@ -296,3 +306,81 @@ class BareGRPO:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         return time.perf_counter() - start
+
+
+# --- fixed lengths (issue 35 item 6): every contender decodes the same per-row lengths ------------------
+
+
+def fixed_lengths(seed: int, eos_mean: float, cap: int, steps: int, rows: int) -> list[list[int]]:
+    """``[steps][rows]`` response lengths (the EOS included), each the position of the first EOS when
+    every step emits it with probability 1/``eos_mean`` (the built model's own law), capped at ``cap``;
+    drawn once from ``seed``, so every contender's step k decodes the same rows."""
+    rng = random.Random(seed)
+    table = []
+    for _ in range(steps):
+        row_lengths = []
+        for _ in range(rows):
+            n = 1
+            while n < cap and rng.random() >= 1 / eos_mean:
+                n += 1
+            row_lengths.append(n)
+        table.append(row_lengths)
+    return table
+
+
+def force_sdk_lengths(trainer, table: list[list[int]], eos_id: int) -> None:
+    """grpo-sdk's generation decodes each step's lengths: per-row budgets with EOS ignored, then the
+    row's last token made the EOS (so a row ends as the other contenders' rows do: stopped, not truncated)."""
+    import attrs
+
+    generation = trainer.components.generation
+    inner, steps = generation.generate, iter(table)
+
+    def generate(prompts, sampling):
+        lengths = torch.tensor(next(steps), dtype=torch.long)
+        if len(lengths) != prompts.input_ids.shape[0]:
+            raise RuntimeError(f"fixed lengths: {len(lengths)} for {prompts.input_ids.shape[0]} rows")
+        if prompts.max_new_tokens is not None:
+            lengths = torch.minimum(lengths, prompts.max_new_tokens)
+        out = inner(attrs.evolve(prompts, max_new_tokens=lengths), attrs.evolve(sampling, ignore_eos=True))
+        ids = out.response_ids.clone()
+        ids[torch.arange(len(lengths)), out.response_lengths - 1] = eos_id
+        return attrs.evolve(out, response_ids=ids, truncated=torch.zeros_like(out.truncated))
+
+    generation.generate = generate
+
+
+class ForceLengths:
+    """A transformers logits processor: row i samples EOS exactly at its ``lengths[i]``-th new token
+    (never before), so HF ``generate`` (TRL's rollouts) decodes the given lengths."""
+
+    def __init__(self, lengths: list[int], prompt_width: int, eos_id: int):
+        self.lengths, self.prompt_width, self.eos_id = torch.tensor(lengths), prompt_width, eos_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        t = input_ids.shape[1] - self.prompt_width  # the index of the token being sampled
+        scores = scores.clone()
+        scores[t < self.lengths - 1, self.eos_id] = -float("inf")
+        end = t == self.lengths - 1
+        scores[end] = -float("inf")
+        scores[end, self.eos_id] = 0.0
+        return scores
+
+
+def force_trl_lengths(trainer, table: list[list[int]], eos_id: int) -> None:
+    """TRL's GRPOTrainer (HF ``generate`` rollouts) decodes each step's lengths: its model's ``generate``
+    gets a ``ForceLengths`` processor (TRL has no per-row length option)."""
+    from transformers import LogitsProcessorList
+
+    model = trainer.model
+    inner, steps = model.generate, iter(table)
+
+    def generate(*args, **kwargs):
+        lengths = next(steps)
+        width = kwargs["input_ids"].shape[1]
+        if len(lengths) != kwargs["input_ids"].shape[0]:
+            raise RuntimeError(f"fixed lengths: {len(lengths)} for {kwargs['input_ids'].shape[0]} rows")
+        kwargs["logits_processor"] = LogitsProcessorList([ForceLengths(lengths, width, eos_id)])
+        return inner(*args, **kwargs)
+
+    model.generate = generate

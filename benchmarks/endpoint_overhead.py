@@ -124,13 +124,30 @@ def urllib_agent(task) -> float:
 
 
 class Counter:
-    """Wraps ``generation.generate``: its calls and the wall seconds inside them."""
+    """Wraps ``generation.generate``: its calls and the wall seconds inside them. A backend with
+    submit/poll (the hf sampler, since issue 35) is streamed to by the endpoint's engine: a submitted
+    request counts as a call, and the seconds are those inside ``poll``, which runs the sampler."""
 
     def __init__(self, generation):
         self.calls = 0
         self.seconds = 0.0
         self._generate = generation.generate
         generation.generate = self
+        if hasattr(generation, "submit"):
+            submit, poll = generation.submit, generation.poll
+
+            def submitted(*args):
+                self.calls += 1
+                return submit(*args)
+
+            def polled(timeout_s):
+                start = time.perf_counter()
+                try:
+                    return poll(timeout_s)
+                finally:
+                    self.seconds += time.perf_counter() - start
+
+            generation.submit, generation.poll = submitted, polled
 
     def __call__(self, inputs, sampling):
         start = time.perf_counter()

@@ -17,6 +17,16 @@ from the same weights' full softmax, so they sample the same length distribution
 rate (1e-6 by default) keeps 20 steps from moving it, and the step's work does not depend on the
 rate. The measured mean/median/p90 response length is printed per contender to show it.
 
+**Fixed lengths** (the default since issue 35 item 6): sampling the same law still lets one contender
+draw the long row and another not, and a long-tailed cell's ratio then moved by 0.26 between reruns.
+So the lengths of every step's rows are drawn once from ``--seed`` (the same geometric law, capped)
+and every contender decodes exactly those: grpo-sdk through per-row budgets with EOS ignored
+(``GenerationInput.max_new_tokens``, ``SamplingParams.ignore_eos``), TRL through a logits processor on
+its model's ``generate`` that forbids EOS before a row's length and forces it there (TRL has no per-row
+length option), the bare loop by decoding the step's longest length and placing each row's EOS. Each
+row still ends in EOS, as a sampled one does. ``--sampled-lengths`` restores the old behaviour. The
+per-round grpo-sdk/TRL ratio (median, range, spread) says how much a rerun would move it.
+
 Contenders (each one's fastest set-up a user would choose):
 
 * ``grpo-sdk``: ``GRPOTrainer.train_step()`` on an hf policy and hf generation, plus every
@@ -95,9 +105,13 @@ def worker(args: argparse.Namespace) -> None:
     model_dir, work = Path(args.model_dir), Path(tempfile.mkdtemp(prefix=f"scale-{args.worker}-"))
     shape = dict(prompts=args.prompts, generations=args.generations, new_tokens=args.new_tokens, lr=args.lr)
     total = args.warmup + args.steps
+    table = None if args.sampled_lengths else _common.fixed_lengths(
+        args.seed, args.eos_mean, args.new_tokens, total, args.prompts * args.generations)
     if args.worker == "grpo-sdk":
         trainer = _common.build_sdk(model_dir, work, name="sdk", steps=total, environment="vowels",
                                     overrides=args.grpo_override, **shape)
+        if table is not None:
+            _common.force_sdk_lengths(trainer, table, trainer.components.generation.eos_token_id)
         say(event="ready", rss=rss_mb())
         while wait_for_command() == "step":
             result = _common.sdk_step(trainer)
@@ -105,17 +119,17 @@ def worker(args: argparse.Namespace) -> None:
                 phases={k[len("timing/"):]: v for k, v in result.items()
                         if k.startswith("timing/") and k.count("/") == 1 and isinstance(v, float)})
     elif args.worker == "bare":
-        bare = _common.BareGRPO(model_dir, reward=_common.vowel_reward, stop_at_eos=True, **shape)
+        bare = _common.BareGRPO(model_dir, reward=_common.vowel_reward, stop_at_eos=True, lengths=table, **shape)
         say(event="ready", rss=rss_mb())
         while wait_for_command() == "step":
             wall = bare.step()
             say(event="step", wall=wall, lengths=bare.lengths)
     else:
-        run_trl_worker(model_dir, work, shape, total)
+        run_trl_worker(model_dir, work, shape, total, table)
     say(event="done", rss=rss_mb())
 
 
-def run_trl_worker(model_dir: Path, work: Path, shape: dict, total: int) -> None:
+def run_trl_worker(model_dir: Path, work: Path, shape: dict, total: int, table: list | None) -> None:
     import _common
     from transformers import TrainerCallback
 
@@ -137,6 +151,8 @@ def run_trl_worker(model_dir: Path, work: Path, shape: dict, total: int) -> None
 
     trainer = _common.build_trl(model_dir, work, steps=total, reward=reward, gradient_checkpointing=False,
                                 callbacks=[Stepper()], **shape)
+    if table is not None:
+        _common.force_trl_lengths(trainer, table, trainer.processing_class.eos_token_id)
     original = trainer._calculate_rewards
 
     def calculate_rewards(inputs, prompts, completions, completion_ids_list):  # the step's response lengths
@@ -156,7 +172,8 @@ class Worker:
     def __init__(self, name: str, model_dir: Path, new_tokens: int, args: argparse.Namespace, log: Path):
         argv = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--model-dir", str(model_dir),
                 "--new-tokens", str(new_tokens), "--prompts", str(args.prompts), "--generations",
-                str(args.generations), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr)]
+                str(args.generations), "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr),
+                "--eos-mean", str(args.eos_mean), "--seed", str(args.seed)] + ["--sampled-lengths"] * args.sampled_lengths
         for override in args.grpo_override:
             argv += ["--grpo-override", override]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -195,6 +212,8 @@ def run_cell(size: str, model_dir: Path, new_tokens: int, args: argparse.Namespa
                 w.command("step")
                 w.steps.append(w.read("step"))
         results = {}
+        table = None if args.sampled_lengths else _common.fixed_lengths(
+            args.seed, args.eos_mean, new_tokens, args.warmup + args.steps, args.prompts * args.generations)
         for w in workers:
             w.command("stop")
             done = w.read("done")
@@ -206,6 +225,9 @@ def run_cell(size: str, model_dir: Path, new_tokens: int, args: argparse.Namespa
                                "tokens_per_s": sum(lengths) / sum(walls), "rss_ready_mb": ready[w.name]["rss"][0],
                                "peak_rss_mb": done["rss"][1], "lengths": _common.length_stats(lengths),
                                "step_times": [round(s["wall"], 4) for s in w.steps]}
+            if table is not None:  # each step decoded the drawn lengths (rows in any order)
+                results[w.name]["lengths_match"] = all(sorted(s["lengths"]) == sorted(row)
+                                                       for s, row in zip(w.steps, table))
             if timed and "phases" in timed[0]:  # grpo-sdk: where its step goes (what dominates at this size)
                 results[w.name]["phases_s"] = {k: round(statistics.median(s["phases"].get(k, 0.0) for s in timed), 4)
                                                for k in timed[0]["phases"]}
@@ -228,6 +250,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eos-mean", type=float, default=48.0,
                         help="mean response length before the cap: EOS probability 1/this at every decode step")
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate (small: keeps the lengths put)")
+    parser.add_argument("--seed", type=int, default=0, help="draws the fixed lengths")
+    parser.add_argument("--sampled-lengths", action="store_true",
+                        help="each contender samples its own lengths (before issue 35: a ratio then depends on "
+                        "who drew the long rows); default: every contender decodes the same drawn lengths")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated, of " +
                         ", ".join(CONTENDERS))
     parser.add_argument("--grpo-override", action="append", default=[], metavar="KEY=VALUE",
@@ -269,6 +295,15 @@ def ratio(results: dict, a: str, b: str, key: str) -> float | None:
     return results[a][key] / results[b][key] if a in results and b in results else None
 
 
+def paired_ratio(results: dict, a: str, b: str, warmup: int) -> dict | None:
+    """a/b step time per round (the two steps of one round saw the same load): median, range, spread."""
+    if a not in results or b not in results:
+        return None
+    paired = [x / y for x, y in zip(results[a]["step_times"][warmup:], results[b]["step_times"][warmup:])]
+    return {"median": statistics.median(paired), "min": min(paired), "max": max(paired),
+            "spread": max(paired) - min(paired)}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -285,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"torch": torch.__version__, "python": sys.version.split()[0], "cpus": os.cpu_count(),
                "load_avg_before": round(load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2),
                "prompts": args.prompts, "generations": args.generations, "steps": args.steps, "warmup": args.warmup,
-               "eos_mean": args.eos_mean, "lr": args.lr, "grpo_overrides": args.grpo_override, "cells": cells}
+               "eos_mean": args.eos_mean, "lr": args.lr, "fixed_lengths": not args.sampled_lengths, "seed": args.seed, "grpo_overrides": args.grpo_override, "cells": cells}
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -312,7 +347,8 @@ def run_cells(args: argparse.Namespace) -> list[dict]:
                               "wall_s": round(time.perf_counter() - started, 1),
                               "grpo_over_trl_step": ratio(results, "grpo-sdk", "trl", "step_s"),
                               "grpo_over_bare_step": ratio(results, "grpo-sdk", "bare", "step_s"),
-                              "grpo_over_trl_peak_rss": ratio(results, "grpo-sdk", "trl", "peak_rss_mb")})
+                              "grpo_over_trl_peak_rss": ratio(results, "grpo-sdk", "trl", "peak_rss_mb"),
+                              "grpo_over_trl_paired": paired_ratio(results, "grpo-sdk", "trl", args.warmup)})
                 if not args.json:
                     print_cell(cells[-1], args)
     return cells
@@ -333,6 +369,9 @@ def print_cell(cell: dict, args: argparse.Namespace) -> None:
                                                          ("grpo-sdk/TRL peak RSS", cell["grpo_over_trl_peak_rss"]))
              if value is not None]
     print("ratios: " + ", ".join(parts))
+    if paired := cell["grpo_over_trl_paired"]:
+        print(f"grpo-sdk/TRL step, per round: median {paired['median']:.3f}, range {paired['min']:.3f}-"
+              f"{paired['max']:.3f} (spread {paired['spread']:.3f})")
     phases = cell["results"].get("grpo-sdk", {}).get("phases_s")
     if phases:
         total = phases.pop("step", None) or sum(phases.values()) or 1.0

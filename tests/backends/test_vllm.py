@@ -85,6 +85,30 @@ def test_samples_stop_at_eos_and_logprobs_match_the_policy(engine):
 
 
 @needs_vllm
+def test_per_row_budgets_seeds_and_ignore_eos_reach_vllm(engine):
+    """GenerationInput.max_new_tokens / seeds and SamplingParams.ignore_eos, as the hf sampler honours
+    them: exact per-row lengths, and a row's tokens follow its seed whatever its place in the call."""
+    import attrs
+    import torch
+
+    from grpo_sdk.core.records import SamplingParams
+
+    generation, _, tokenizer, _ = engine
+    budgets = torch.tensor([1, 7, 3, 12])
+    inputs = attrs.evolve(prompt_batch(tokenizer, ["1>", "12345>", "987>", "5555555>"]), max_new_tokens=budgets,
+                          seeds=torch.tensor([5, 6, 7, 8]))
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.8, top_k=8, top_p=0.95, ignore_eos=True)
+    out = generation.generate(inputs, sampling)
+    assert out.response_lengths.tolist() == budgets.tolist()
+    swapped = attrs.evolve(prompt_batch(tokenizer, ["5555555>", "1>", "12345>", "987>"]),
+                           max_new_tokens=budgets[[3, 0, 1, 2]], seeds=torch.tensor([8, 5, 6, 7]))
+    again = generation.generate(swapped, sampling)
+    for i, j in ((0, 1), (1, 2), (2, 3), (3, 0)):
+        n = int(budgets[i])
+        assert out.response_ids[i, :n].tolist() == again.response_ids[j, :n].tolist()
+
+
+@needs_vllm
 def test_weight_sync_makes_greedy_outputs_equal(registry, model_dir):
     import torch
 

@@ -81,10 +81,37 @@ def test_scale_runs_grpo_sdk_and_the_bare_loop(tmp_path):
         assert 100 < result["rss_ready_mb"] <= result["peak_rss_mb"] < 4000, name
         assert 1 <= result["lengths"]["median"] <= result["lengths"]["max"] <= 8, name
         assert len(result["step_times"]) == 1
+        assert result["lengths_match"] is True, name  # decoded the drawn lengths (issue 35 item 6)
     assert cell["grpo_over_bare_step"] == pytest.approx(cell["results"]["grpo-sdk"]["step_s"] /
                                                         cell["results"]["bare"]["step_s"])
     assert cell["grpo_over_trl_step"] is None and cell["grpo_over_trl_peak_rss"] is None
-    assert summary["grpo_overrides"] == [] and summary["load_avg_before"] >= 0
+    assert summary["grpo_overrides"] == [] and summary["load_avg_before"] >= 0 and summary["fixed_lengths"] is True
+
+
+def test_fixed_lengths_are_drawn_once_from_the_seed(common):
+    table = common.fixed_lengths(0, 4.0, 10, steps=3, rows=64)
+    assert table == common.fixed_lengths(0, 4.0, 10, steps=3, rows=64) != common.fixed_lengths(1, 4.0, 10, 3, 64)
+    lengths = [n for row in table for n in row]
+    assert len(table) == 3 and min(lengths) >= 1 and max(lengths) == 10  # geometric, capped
+    assert 3 < statistics.mean(lengths) < 5
+
+
+def test_force_lengths_makes_hf_generate_decode_the_given_lengths(common, tmp_path):
+    """TRL's rollouts are HF generate: the processor forces each row's EOS at its length, never before."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+    common.build_model(tmp_path, hidden=64, layers=2, intermediate=176, heads=2, eos_probability=0.3)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    lengths = [1, 7, 3, 12]
+    prompt = torch.full((4, 3), 5)
+    out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=16,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                         logits_processor=LogitsProcessorList([common.ForceLengths(lengths, 3, tok.eos_token_id)]))
+    completion = out[:, 3:]
+    assert completion.shape[1] == max(lengths)
+    assert [int((row == tok.eos_token_id).nonzero()[0]) + 1 for row in completion] == lengths
 
 
 def test_scale_passes_grpo_overrides_to_grpo_sdk():
@@ -118,6 +145,8 @@ def test_scale_runs_trl_too():
     assert proc.returncode == 0, proc.stderr[-3000:]
     [cell] = json.loads(proc.stdout)["cells"]
     assert set(cell["results"]) == {"grpo-sdk", "trl", "bare"} and cell["grpo_over_trl_step"] > 0
+    assert all(r["lengths_match"] for r in cell["results"].values())  # TRL too, through ForceLengths
+    assert cell["grpo_over_trl_paired"]["spread"] >= 0
 
 
 def test_trl_side_by_side_help_runs_without_trl():

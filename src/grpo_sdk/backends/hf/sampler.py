@@ -24,7 +24,8 @@ running row under the new weights (recompute) or reads the old cache (keep).
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -214,7 +215,7 @@ class ContinuousSampler:
         width = int(lengths.max())
         ids, rest = left_pad([r.prompt[n:] for r, (n, _) in zip(rows, hits)], host.pad_token_id)
         past = (torch.arange(width) >= (width - lengths)[:, None]).long()
-        cache = GrowingCache()
+        cache = GrowingCache(host.autocast_dtype)
         for layer_index in range(len(hits[0][1].layers)):
             keys = torch.stack([_pad_left(p.layers[layer_index][0], width, 1) for _, p in hits])
             values = torch.stack([_pad_left(p.layers[layer_index][1], width, 1) for _, p in hits])
@@ -250,7 +251,7 @@ class ContinuousSampler:
         ids, mask = left_pad(distinct, host.pad_token_id)
         ids, mask = ids.to(host.device), mask.to(host.device)
         out = host._forward(input_ids=ids, attention_mask=mask, position_ids=position_ids_for(mask), use_cache=True,
-                            **host.prefill_args, **{host.cache_arg: GrowingCache()})
+                            **host.prefill_args, **{host.cache_arg: GrowingCache(host.autocast_dtype)})
         cache, logits = getattr(out, host.cache_arg), out.logits[:, -1]
         rows = torch.tensor(which, device=host.device)
         _rebuild(cache, lambda kv: kv.index_select(0, rows), room)  # one row per sequence, room to decode

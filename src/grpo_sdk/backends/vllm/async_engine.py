@@ -265,7 +265,7 @@ class VLLMAsyncGeneration:
         # weights computed (those kept for in-flight requests across an update).
         salt = f"v{self.weight_version}"
         work = [(row, TokensPrompt(prompt_token_ids=ids, cache_salt=salt),
-                 sampling_params(sampling, i, output_kind=RequestOutputKind.DELTA))
+                 sampling_params(sampling, i, prompts, output_kind=RequestOutputKind.DELTA))
                 for i, (row, ids) in enumerate(zip(request.rows, rows))]
         with self._lock:
             if request_id in self._pending or any(r.request_id == request_id for r in self._finished):

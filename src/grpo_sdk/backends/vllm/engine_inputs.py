@@ -33,15 +33,23 @@ def engine_args(config: VLLMConfig, context: RunContext) -> dict[str, Any]:
     return args
 
 
-def sampling_params(sampling: SamplingParams, row: int, **extra: Any) -> Any:
-    """vLLM's ``SamplingParams`` for row ``row`` of a call (a seeded call seeds each row its own way)."""
+def sampling_params(sampling: SamplingParams, row: int, prompts: GenerationInput | None = None, **extra: Any) -> Any:
+    """vLLM's ``SamplingParams`` for row ``row`` of a call: the row's own budget and seed where the
+    call gives them (``GenerationInput.max_new_tokens`` / ``seeds``), else a seeded call seeds each
+    row its own way."""
     from vllm import SamplingParams as VLLMSampling
 
+    seed = None if sampling.seed is None else sampling.seed * 1_000_003 + row
+    budget = sampling.max_new_tokens
+    if prompts is not None and prompts.seeds is not None:
+        seed = int(prompts.seeds[row])
+    if prompts is not None and prompts.max_new_tokens is not None:
+        budget = max(1, min(budget, int(prompts.max_new_tokens[row])))  # vLLM decodes at least one token
     return VLLMSampling(
         n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k if sampling.top_k else -1, max_tokens=sampling.max_new_tokens,
-        stop_token_ids=list(sampling.stop_token_ids), logprobs=0, detokenize=False,
-        seed=None if sampling.seed is None else sampling.seed * 1_000_003 + row, **extra)
+        top_k=sampling.top_k if sampling.top_k else -1, max_tokens=budget,
+        stop_token_ids=list(sampling.stop_token_ids), logprobs=0, detokenize=False, seed=seed,
+        ignore_eos=sampling.ignore_eos, **extra)
 
 
 def prompt_rows(prompts: GenerationInput) -> list[list[int]]:

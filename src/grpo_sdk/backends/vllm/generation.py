@@ -66,7 +66,7 @@ class VLLMGeneration:
         from vllm.inputs import TokensPrompt
 
         rows = prompt_rows(prompts)
-        params = [sampling_params(sampling, i) for i in range(len(rows))]
+        params = [sampling_params(sampling, i, prompts) for i in range(len(rows))]
         request = self.adapter.request if self.adapter is not None else None  # the current adapter
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False,
                                     lora_request=request)
