@@ -126,14 +126,20 @@ def _run(registry, run_dir, model_dir, share):
     parts = trainer.components
     assert parts.generation.shares_policy_model is (share == "true")
     sampled = []
-    generate = parts.generation.generate
+    generate, poll = parts.generation.generate, parts.generation.poll
 
-    def recording(prompts, sampling):
-        out = generate(prompts, sampling)
+    def record(out):
         sampled.append((out.response_ids.clone(), out.logprobs.clone(), out.weight_version))
         return out
 
-    parts.generation.generate = recording
+    def polled(timeout_s):  # rollouts stream their requests into the sampler (submit / poll)
+        done = poll(timeout_s)
+        for _, out in sorted(done, key=lambda pair: pair[0]):
+            record(out)
+        return done
+
+    parts.generation.generate = lambda prompts, sampling: record(generate(prompts, sampling))
+    parts.generation.poll = polled
     trainer.train()
     weights = {k: v.clone() for k, v in parts.policy.model.state_dict().items()}
     return sampled, weights
