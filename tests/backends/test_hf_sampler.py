@@ -205,3 +205,15 @@ def test_a_weight_update_makes_kept_prefixes_stale(gen, tokenizer):
                                                                                              dtype=torch.long)),
                  SAMPLING)
     assert gen.sampler.prefixes.hits == 0  # the old weights' KV is never read by the new ones
+
+
+def test_row_uniforms_are_a_function_of_seed_and_index_alone():
+    from grpo_sdk.backends.hf.sampler import row_uniforms
+
+    seeds = torch.tensor([0, 1, -5, 2**62, -(2**63)])
+    u = row_uniforms(seeds, torch.tensor([0, 0, 3, 7, 9]))
+    assert torch.equal(u, row_uniforms(seeds, torch.tensor([0, 0, 3, 7, 9])))
+    assert torch.equal(u[2:3], row_uniforms(seeds[2:3], torch.tensor([3])))  # alone: the same draw
+    many = row_uniforms(torch.full((20000,), 12345), torch.arange(20000))
+    assert 0 <= float(many.min()) and float(many.max()) < 1 and len(set(many.tolist())) == 20000
+    assert abs(float(many.mean()) - 0.5) < 0.01 and abs(float((many < 0.1).float().mean()) - 0.1) < 0.01

@@ -11,9 +11,10 @@ What the whole-batch loop paid for, this does not:
   request they belong to (``submit`` and ``generate`` calls from any thread share the batch).
 * **One prefill per prompt.** Rows admitted together whose prompts are the same token ids (the G
   samples of a group) share one prefill; the cache is expanded by reference to its rows.
-* **A row's tokens are its own.** Each row samples from its own generator, seeded per row, so its
-  tokens do not depend on what else is in the batch or when it was admitted (up to the last-bit
-  differences of batched float kernels, which can flip a near-tie).
+* **A row's tokens are its own.** Each row's randomness is a counter-based function of its seed and
+  the token's index (``row_uniforms``), so its tokens do not depend on what else is in the batch or
+  when it was admitted (up to the last-bit differences of batched float kernels, which can flip a
+  near-tie).
 
 The KV cache is a transformers ``DynamicCache``; rows share one column layout, left-padded, with
 per-row position ids. Weight versions are tracked per token, and a weight update lands between two
@@ -43,7 +44,7 @@ class Row:
     budget: int
     sampling: SamplingParams
     stop_ids: frozenset[int]
-    generator: torch.Generator
+    seed: int  # with the token's index, all of the row's randomness (row_uniforms)
     tokens: list[int] = attrs.field(factory=list)
     logprobs: list[float] = attrs.field(factory=list)
     versions: list[int] = attrs.field(factory=list)
@@ -61,6 +62,33 @@ class Request:
     version: int  # the weights' version when the request arrived: its output's version if it samples nothing
     open: int = 0  # rows not yet done
     error: BaseException | None = None  # set when a step failed while the request was in the sampler
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) per row: SplitMix64 of (the row's seed, the index of the token it samples).
+    Counter-based, so a row's draws depend on nothing but its seed (not on the batch, nor on how many
+    draws came before), cost the same few vectorised ops for any number of rows, and carry no state
+    to checkpoint. int64 products wrap as the uint64 arithmetic of SplitMix64 does."""
+    z = seeds + (steps + 1) * _GOLDEN
+    z = (z ^ _shift(z, 30)) * _MIX1
+    z = (z ^ _shift(z, 27)) * _MIX2
+    z = z ^ _shift(z, 31)
+    return _shift(z, 11).double() * (1.0 / (1 << 53))
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,12 +151,11 @@ class ContinuousSampler:
 
     def add(self, request_id: Any, prompts: GenerationInput, sampling: SamplingParams, seeds: list[int],
             budgets: list[int], stop_ids: frozenset[int]) -> Request:
-        ids, mask = prompts.input_ids.cpu(), prompts.attention_mask.cpu().bool()
+        ids, pads = prompts.input_ids.tolist(), (prompts.attention_mask == 0).sum(1).tolist()  # left padding
         request = Request(request_id=request_id, rows=[], version=self.host.weight_version)
         for i, seed in enumerate(seeds):
-            generator = torch.Generator(device=self.host.device).manual_seed(int(seed))
-            row = Row(request=request, prompt=ids[i][mask[i]].tolist(), budget=budgets[i], sampling=sampling,
-                      stop_ids=stop_ids, generator=generator)
+            row = Row(request=request, prompt=ids[i][pads[i]:], budget=budgets[i], sampling=sampling,
+                      stop_ids=stop_ids, seed=_signed(int(seed) & _MASK64))
             request.rows.append(row)
             if not row.done:
                 request.open += 1
@@ -233,12 +260,20 @@ class ContinuousSampler:
         """Keep each finished row's KV (its prompt and sampled tokens but the last, which no forward pass
         read) when one weight version wrote all of it."""
         index = {id(row): i for i, row in enumerate(self.rows)}
-        for row in finished:
-            if len(set(row.versions)) != 1:
-                continue
-            i = index[id(row)]
-            valid = self.mask[i].bool()
-            layers = [(layer.keys[i][:, valid], layer.values[i][:, valid]) for layer in self.cache.layers]
+        kept = [row for row in finished if len(set(row.versions)) == 1]
+        if not kept:
+            return
+        rows = torch.tensor([index[id(row)] for row in kept], device=self.mask.device)
+        # One gather per layer for all of them; a row whose valid columns are one run (no gap: it did not
+        # continue a kept prefix itself) keeps a view of its slice, any other row its own copy.
+        mask = self.mask.index_select(0, rows).bool()
+        gathered = [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in self.cache.layers]
+        counts, width = mask.sum(1).tolist(), mask.shape[1]
+        for j, row in enumerate(kept):
+            if bool(mask[j, width - counts[j]:].all()):
+                layers = [(k[j, :, width - counts[j]:], v[j, :, width - counts[j]:]) for k, v in gathered]
+            else:
+                layers = [(k[j][:, mask[j]], v[j][:, mask[j]]) for k, v in gathered]
             self.prefixes.store(row.prompt + row.tokens[:-1], row.versions[0], layers)
 
     def _prefill(self, sequences: list[list[int]], room: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
@@ -283,7 +318,7 @@ class ContinuousSampler:
         self.logits = self.logits.index_select(0, rows)
 
     def _sample(self) -> list[Row]:
-        """One token per running row from its own generator; the rows that are now done."""
+        """One token per running row, drawn with its own counter-based uniform; the rows now done."""
         groups: dict[SamplingParams, list[int]] = {}
         for i, row in enumerate(self.rows):
             groups.setdefault(row.sampling, []).append(i)
@@ -294,8 +329,9 @@ class ContinuousSampler:
             step = torch.log_softmax(process_logits(logits.float(), sampling.temperature, sampling.top_k,
                                                     sampling.top_p), dim=-1)
             cdf = step.exp().cumsum(-1)
-            # One uniform per row from the row's own generator: the draw is the row's whatever its neighbours.
-            u = torch.cat([torch.rand(1, generator=self.rows[i].generator, device=cdf.device) for i in index])
+            rows = [self.rows[i] for i in index]
+            u = row_uniforms(torch.tensor([r.seed for r in rows]), torch.tensor([len(r.tokens) for r in rows]))
+            u = u.to(device=cdf.device, dtype=cdf.dtype).clamp_(max=1 - 2**-24)  # float32 rounding must not reach 1
             token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)
             tokens[index] = token.squeeze(-1).cpu()
             logprobs[index] = step.gather(-1, token).squeeze(-1).float().cpu()
@@ -335,19 +371,17 @@ def request_output(request: Request, pad_token_id: int) -> GenerationOutput:
     """A completed request's rows as one ``GenerationOutput`` (right-padded)."""
     rows = request.rows
     width = max((len(r.tokens) for r in rows), default=0)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    logprobs = torch.zeros((len(rows), width), dtype=torch.float32)
-    versions = [v for r in rows for v in r.versions]
+    versions = {v for r in rows for v in r.versions}
     oldest = min(versions, default=request.version)
-    token_versions = torch.full((len(rows), width), oldest, dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = len(row.tokens)
-        if n:
-            ids[i, :n] = torch.tensor(row.tokens)
-            logprobs[i, :n] = torch.tensor(row.logprobs)
-            token_versions[i, :n] = torch.tensor(row.versions)
+
+    def right(field: str, pad: float, dtype: torch.dtype) -> torch.Tensor:  # one tensor from padded lists
+        return torch.tensor([getattr(r, field) + [pad] * (width - len(r.tokens)) for r in rows], dtype=dtype)
+
     return GenerationOutput(
-        response_ids=ids, response_lengths=torch.tensor([len(r.tokens) for r in rows], dtype=torch.long),
-        logprobs=logprobs, truncated=torch.tensor([not r.stopped for r in rows]), weight_version=oldest,
-        token_weight_versions=token_versions if len(set(versions)) > 1 else None,
+        response_ids=right("tokens", pad_token_id, torch.long).view(len(rows), width),
+        response_lengths=torch.tensor([len(r.tokens) for r in rows], dtype=torch.long),
+        logprobs=right("logprobs", 0.0, torch.float32).view(len(rows), width),
+        truncated=torch.tensor([not r.stopped for r in rows]), weight_version=oldest,
+        token_weight_versions=right("versions", oldest, torch.long).view(len(rows), width) if len(versions) > 1
+        else None,
     )
