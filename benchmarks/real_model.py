@@ -48,6 +48,8 @@ from typing import Any
 
 from grpo_sdk.plugins import hookimpl  # light: no torch. This file is also grpoctl's hook plugin (-p).
 
+from _workers import read_event
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-arithmetic.yaml"
 CONTENDERS = ("grpo-sdk", "trl")
@@ -428,15 +430,7 @@ class Worker:
         return sum(s["wall"] for s in self.steps)
 
     def read(self, event: str) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                message = json.loads(line[len(PREFIX):])
-                if message["event"] != event:
-                    raise RuntimeError(f"{self.name}: expected {event}, got {message}")
-                return message
-        self.proc.wait()
-        raise RuntimeError(f"worker {self.name} exited {self.proc.returncode} before '{event}':\n"
-                           f"{self.log.read_text()[-3000:]}")
+        return read_event(self, PREFIX, event)
 
     def send(self, text: str) -> None:
         self.proc.stdin.write(text + "\n")

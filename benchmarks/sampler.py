@@ -58,6 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _workers import read_event
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 CONTENDERS = ("today", "new", "vllm")
@@ -230,15 +232,7 @@ class Worker:
         if command:
             self.proc.stdin.write(json.dumps(command) + "\n")
             self.proc.stdin.flush()
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                message = json.loads(line[len(PREFIX):])
-                if message["event"] != event:
-                    raise RuntimeError(f"{self.name}: expected {event}, got {message}")
-                return message
-        self.proc.wait()
-        raise RuntimeError(f"worker {self.name} exited {self.proc.returncode} before '{event}':\n"
-                           f"{self.log.read_text()[-3000:]}")
+        return read_event(self, PREFIX, event)
 
 
 def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, bool]:

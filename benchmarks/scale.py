@@ -66,6 +66,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _workers import read_event
+
 CONTENDERS = ("grpo-sdk", "trl", "bare")
 # name -> (hidden, layers, intermediate, heads): Llama shapes, ~12 x hidden^2 parameters per layer
 SIZES = {
@@ -184,15 +186,7 @@ class Worker:
         self.steps: list[dict] = []
 
     def read(self, event: str) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                message = json.loads(line[len(PREFIX):])
-                if message["event"] != event:
-                    raise RuntimeError(f"{self.name}: expected {event}, got {message}")
-                return message
-        self.proc.wait()
-        tail = self.log.read_text()[-3000:]
-        raise RuntimeError(f"worker {self.name} exited {self.proc.returncode} before '{event}':\n{tail}")
+        return read_event(self, PREFIX, event)
 
     def command(self, text: str) -> None:
         self.proc.stdin.write(text + "\n")
