@@ -231,16 +231,31 @@ def trainer_run(env, run_dir: Path, *extra: str, steps: int = 3, record_generate
     trainer.setup()
     sampled = []
     if record_generate:
-        generate = trainer.components.generation.generate
+        generation = trainer.components.generation
+        generate, submitted = generation.generate, {}
 
-        def recording(prompts, sampling):
-            out = generate(prompts, sampling)
+        def record(prompts, out):
             sampled.append(Sampled(prompts.input_ids.cpu().clone(), prompts.attention_mask.cpu().clone(),
                                    out.response_ids.cpu().clone(), out.logprobs.cpu().float().clone(),
                                    out.response_lengths.cpu().clone(), out.weight_version))
             return out
 
-        trainer.components.generation.generate = recording
+        generation.generate = lambda prompts, sampling: record(prompts, generate(prompts, sampling))
+        if hasattr(generation, "submit"):  # rollouts stream requests into a continuous-batching sampler
+            submit, poll = generation.submit, generation.poll
+
+            def submitting(request_id, prompts, sampling):
+                submitted[request_id] = prompts
+                return submit(request_id, prompts, sampling)
+
+            def polling(timeout_s):
+                done = poll(timeout_s)
+                for request_id, out in sorted(done, key=lambda pair: pair[0]):
+                    if not isinstance(out, BaseException):
+                        record(submitted.pop(request_id), out)
+                return done
+
+            generation.submit, generation.poll = submitting, polling
     rows = []
     trainer.train(on_step=lambda step, metrics: rows.append(dict(metrics)))
     return rows, trainer, sampled
