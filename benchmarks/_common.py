@@ -330,24 +330,34 @@ def fixed_lengths(seed: int, eos_mean: float, cap: int, steps: int, rows: int) -
 
 def force_sdk_lengths(trainer, table: list[list[int]], eos_id: int) -> None:
     """grpo-sdk's generation decodes each step's lengths: per-row budgets with EOS ignored, then the
-    row's last token made the EOS (so a row ends as the other contenders' rows do: stopped, not truncated)."""
+    row's last token made the EOS (so a row ends as the other contenders' rows do: stopped, not truncated).
+    Wraps ``generate`` and, where the rollout streams into the backend, ``submit``/``poll`` (one request
+    per turn, as with ``env.max_concurrent_calls=0``)."""
     import attrs
 
     generation = trainer.components.generation
-    inner, steps = generation.generate, iter(table)
+    steps = iter(table)
 
-    def generate(prompts, sampling):
+    def forced(prompts, sampling):
         lengths = torch.tensor(next(steps), dtype=torch.long)
         if len(lengths) != prompts.input_ids.shape[0]:
             raise RuntimeError(f"fixed lengths: {len(lengths)} for {prompts.input_ids.shape[0]} rows")
         if prompts.max_new_tokens is not None:
             lengths = torch.minimum(lengths, prompts.max_new_tokens)
-        out = inner(attrs.evolve(prompts, max_new_tokens=lengths), attrs.evolve(sampling, ignore_eos=True))
+        return attrs.evolve(prompts, max_new_tokens=lengths), attrs.evolve(sampling, ignore_eos=True)
+
+    def ended(out):
         ids = out.response_ids.clone()
-        ids[torch.arange(len(lengths)), out.response_lengths - 1] = eos_id
+        ids[torch.arange(len(ids)), out.response_lengths - 1] = eos_id
         return attrs.evolve(out, response_ids=ids, truncated=torch.zeros_like(out.truncated))
 
-    generation.generate = generate
+    generate = generation.generate
+    generation.generate = lambda prompts, sampling: ended(generate(*forced(prompts, sampling)))
+    if hasattr(generation, "submit"):
+        submit, poll = generation.submit, generation.poll
+        generation.submit = lambda request_id, prompts, sampling: submit(request_id, *forced(prompts, sampling))
+        generation.poll = lambda timeout_s: [(rid, out if isinstance(out, BaseException) else ended(out))
+                                             for rid, out in poll(timeout_s)]
 
 
 class ForceLengths:
