@@ -50,7 +50,7 @@ def test_greedy_keeps_one_token_of_a_tie_whatever_the_draw():
     import torch
 
     from grpo_sdk.algorithms.sampling import process_logits
-    from grpo_sdk.backends.hf.generation import sample_token
+    from grpo_sdk.algorithms.sampling import sample_token
 
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, 2.0, 2.0, 2.0]], dtype=torch.bfloat16).float()
     kept = process_logits(logits, top_k=1)
