@@ -229,7 +229,9 @@ def test_a_short_run_logs_the_sandbox_outcomes(registry, tmp_path, tiny_model_di
     from test_sandbox import assert_no_sandbox_processes
 
     data = write_rows(tmp_path / "rows.jsonl")
-    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *CODE_RUN, f"data.train_path={data}")
+    # 16 samples a prompt: enough draws that both outcomes occur whatever the sampler's random stream
+    trainer = small_trainer(registry, tmp_path / "run", tiny_model_dir, *CODE_RUN, f"data.train_path={data}",
+                            "grpo.num_generations_per_prompt=16")
     try:
         trainer.train()
     finally:
