@@ -221,7 +221,16 @@ from grpo_sdk.plugins import hookimpl
 
 class RecordedVLLM(VLLMAsyncGeneration):
     def generate(self, prompts, sampling):
-        out = super().generate(prompts, sampling)
+        return self.record(super().generate(prompts, sampling))
+
+    def poll(self, timeout_s):  # rollouts stream their requests into the async engine (submit / poll)
+        done = super().poll(timeout_s)
+        for _, out in done:
+            if not isinstance(out, BaseException):
+                self.record(out)
+        return done
+
+    def record(self, out):
         versions = out.token_weight_versions
         rows = []
         for i, n in enumerate(out.response_lengths.tolist()):
