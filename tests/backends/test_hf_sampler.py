@@ -208,7 +208,7 @@ def test_a_weight_update_makes_kept_prefixes_stale(gen, tokenizer):
 
 
 def test_row_uniforms_are_a_function_of_seed_and_index_alone():
-    from grpo_sdk.backends.hf.sampler import row_uniforms
+    from grpo_sdk.plugins.tensors import row_uniforms
 
     seeds = torch.tensor([0, 1, -5, 2**62, -(2**63)])
     u = row_uniforms(seeds, torch.tensor([0, 0, 3, 7, 9]))

@@ -32,7 +32,7 @@ def _run(tmp_path: Path, name: str, *overrides: str) -> Path:
 
 
 def test_grpo_steps_with_the_megatron_policy_track_the_hf_policy(tmp_path):
-    steps = 12
+    steps = 24
     megatron = metrics_of(_run(tmp_path, "megatron", "policy.backend=megatron", f"grpo.max_num_steps={steps}"))
     hf = metrics_of(_run(tmp_path, "hf", "policy.backend=hf", f"grpo.max_num_steps={steps}"))
     assert [r["step"] for r in megatron] == list(range(1, steps + 1))
@@ -46,7 +46,9 @@ def test_grpo_steps_with_the_megatron_policy_track_the_hf_policy(tmp_path):
         assert abs(m["loss"] - h["loss"]) <= 1e-5 and abs(m["grad_norm"] - h["grad_norm"]) <= 1e-4, (m, h)
     rewards = [r["reward/mean"] for r in megatron]
     print("megatron rewards", [round(r, 3) for r in rewards], "\nhf rewards", [round(r["reward/mean"], 3) for r in hf])
-    assert sum(rewards[-4:]) / 4 > rewards[0] * 1.5, rewards  # learning: measured 0.015 -> 0.047 over 16 steps
+    # Learning, first four steps against the last four (one step's mean reward is too noisy to start from):
+    # measured 0.034 -> 0.061 over 24 steps (2026-12-07, per-row sampling seeds; identical to the hf run).
+    assert sum(rewards[-4:]) > 1.5 * sum(rewards[:4]), rewards
 
 
 def test_bfloat16_runs_without_apex_or_transformer_engine(tmp_path):

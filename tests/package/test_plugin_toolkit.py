@@ -26,8 +26,9 @@ TOOLKIT_NAMES = [
     "write_text_atomic",
 ]
 TENSORS_NAMES = [
-    "DTYPES", "GroupLayout", "calculate_kl", "masked_mean", "position_ids_for", "process_logits", "read_weights",
-    "sample_token", "shifted_moments", "token_logprobs", "whiten", "write_weights",
+    "DTYPES", "GroupLayout", "calculate_kl", "draw_row_seeds", "masked_mean", "position_ids_for", "process_logits",
+    "read_weights", "row_uniforms", "sample_rows", "sample_token", "shifted_moments", "signed_seed", "token_logprobs",
+    "whiten", "write_weights",
 ]
 TRAINING_NAMES = [
     "TrainsGlobalBatches", "all_gather_rows", "all_reduce_metrics", "any_rank", "broadcast_json", "clip_gradients",

@@ -3,7 +3,9 @@
 Generation samples from ``log_softmax(filter(logits / T))`` and reports those logprobs; the
 policy scores tokens with the same transform, so a generation backend and the policy agree on
 what "the logprob of a sampled token" means (``token_mult_prob_error`` near 1). ``sample_token``
-draws from that distribution and reports the logprob (the hf and megatron generation backends).
+draws from that distribution and reports the logprob; ``sample_rows`` does the same with one
+counter-based random stream per row (``row_uniforms``), which the hf and megatron generation backends
+share, so with the same seeds they sample the same tokens.
 """
 
 from __future__ import annotations
@@ -67,6 +69,64 @@ def sample_token(logits: torch.Tensor, sampling: SamplingParams,
         process_logits(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
     token = sample_categorical(step_logprobs.exp(), generator)
     return token, step_logprobs.gather(-1, token[:, None]).squeeze(-1)
+
+
+# --- per-row counter-based sampling: a row's tokens depend on its seed alone ---------------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def signed_seed(seed: int) -> int:
+    """Any integer seed as the int64 that holds its low 64 bits (torch tensors are signed)."""
+    value = int(seed) & _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _MIX1, _MIX2 = (signed_seed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) per row: SplitMix64 of (the row's seed, the index of the token it samples).
+    Counter-based, so a row's draws depend on nothing but its seed (not on the batch, nor on how many
+    draws came before), cost the same few vectorised ops for any number of rows, and carry no state
+    to checkpoint. int64 products wrap as the uint64 arithmetic of SplitMix64 does."""
+    z = seeds + (steps + 1) * _GOLDEN
+    z = (z ^ _shift(z, 30)) * _MIX1
+    z = (z ^ _shift(z, 27)) * _MIX2
+    z = z ^ _shift(z, 31)
+    return _shift(z, 11).double() * (1.0 / (1 << 53))
+
+
+def sample_rows(logits: torch.Tensor, sampling: SamplingParams, seeds: torch.Tensor,
+                steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``logits [B, V]`` and its processed logprob, as ``sample_token``, but row i
+    draws with ``row_uniforms(seeds[i], steps[i])`` (``steps``: the index of the token being sampled):
+    two backends that share this function and the seeds sample the same tokens from the same logits,
+    whatever their batching."""
+    step_logprobs = torch.log_softmax(
+        process_logits(logits.float(), sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)
+    cdf = step_logprobs.exp().cumsum(-1)
+    u = row_uniforms(seeds.cpu(), steps.cpu()).to(device=cdf.device, dtype=cdf.dtype)
+    u = u.clamp_(max=1 - 2**-24)  # float32 rounding must not reach 1
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)
+    return token.squeeze(-1), step_logprobs.gather(-1, token).squeeze(-1)
+
+
+def draw_row_seeds(generator: torch.Generator, rows: int, seed: int | None = None) -> torch.Tensor:
+    """``rows`` sampling seeds for a backend whose caller gave none (``GenerationInput.seeds``): one draw
+    from the backend's own ``generator`` per call (so a checkpointed generator resumes exactly), or from
+    ``seed`` (``SamplingParams.seed``, e.g. validation) leaving that generator untouched."""
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    elif generator.device.type != "cpu":  # an accelerator generator seeds a CPU one: seeds live on the CPU
+        generator = torch.Generator().manual_seed(
+            int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
+    return torch.randint(2**62, (rows,), generator=generator)
 
 
 def validation_sampling(train: SamplingParams, generation: Any, *, seed: int) -> SamplingParams:

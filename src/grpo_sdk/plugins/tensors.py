@@ -7,7 +7,10 @@ from a component's implementation module, never from its spec (a spec must stay 
   generation samples from and the policy scores with, so their logprobs agree and
   ``token_mult_prob_error`` stays near 1), ``token_logprobs(logits, tokens)`` and
   ``sample_token(logits, sampling, generator)`` (one token per row drawn from that transform, with its
-  logprob: what a hand-written decoding loop reports).
+  logprob: what a hand-written decoding loop reports). ``sample_rows(logits, sampling, seeds, steps)``
+  draws row i from its own counter-based stream (``row_uniforms``: a function of the row's seed and
+  the token's index alone), so its tokens do not depend on the batch it decodes in; ``draw_row_seeds``
+  gives a backend seeds when its caller gave none, and ``signed_seed`` folds any integer into int64.
 * Models: ``DTYPES`` (``policy.precision`` -> torch dtype) and ``position_ids_for(attention_mask)``
   (positions that skip left padding, so a left-padded prompt sees the positions it would alone).
 * Advantages: ``GroupLayout`` (rows grouped by prompt), ``shifted_moments`` (numerically careful
@@ -31,7 +34,8 @@ from __future__ import annotations
 import torch
 
 from grpo_sdk.algorithms.loss import calculate_kl, masked_mean
-from grpo_sdk.algorithms.sampling import process_logits, sample_token, token_logprobs
+from grpo_sdk.algorithms.sampling import (draw_row_seeds, process_logits, row_uniforms, sample_rows, sample_token,
+                                          signed_seed, token_logprobs)
 from grpo_sdk.algorithms.statistics import GroupLayout, shifted_moments, whiten
 from grpo_sdk.core.weights import read_weights, write_weights
 
@@ -47,12 +51,16 @@ __all__ = [
     "DTYPES",
     "GroupLayout",
     "calculate_kl",
+    "draw_row_seeds",
     "masked_mean",
     "position_ids_for",
     "process_logits",
     "read_weights",
+    "row_uniforms",
+    "sample_rows",
     "sample_token",
     "shifted_moments",
+    "signed_seed",
     "token_logprobs",
     "whiten",
     "write_weights",

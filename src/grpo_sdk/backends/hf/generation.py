@@ -56,7 +56,7 @@ from grpo_sdk.plugins import (
     RunContext,
     SamplingParams,
 )
-from grpo_sdk.plugins.tensors import DTYPES
+from grpo_sdk.plugins.tensors import DTYPES, draw_row_seeds
 from grpo_sdk.plugins.toolkit import load_tokenizer, published_policy
 
 
@@ -157,11 +157,7 @@ class HFGeneration(WholeBatchLoop):
         so a checkpointed RNG resumes exactly), or from ``sampling.seed`` (validation)."""
         if prompts.seeds is not None:
             return [int(s) for s in prompts.seeds.tolist()]
-        generator = self.generator if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
-        if generator.device.type != "cpu":
-            generator = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator,
-                                                                        device=generator.device)))
-        return torch.randint(2**62, (prompts.input_ids.shape[0],), generator=generator).tolist()
+        return draw_row_seeds(self.generator, prompts.input_ids.shape[0], sampling.seed).tolist()
 
     def _add(self, request_id: object, prompts: GenerationInput, sampling: SamplingParams) -> Request:
         budgets = row_budgets(prompts, sampling.max_new_tokens, torch.device("cpu")).tolist()

@@ -34,7 +34,7 @@ import torch
 from grpo_sdk.backends.hf.kv_cache import GrowingCache, GrowingLayer
 from grpo_sdk.backends.hf.prefix_cache import PrefixCache
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, SamplingParams
-from grpo_sdk.plugins.tensors import position_ids_for, process_logits
+from grpo_sdk.plugins.tensors import position_ids_for, sample_rows, signed_seed
 
 
 @attrs.define(eq=False)
@@ -62,33 +62,6 @@ class Request:
     version: int  # the weights' version when the request arrived: its output's version if it samples nothing
     open: int = 0  # rows not yet done
     error: BaseException | None = None  # set when a step failed while the request was in the sampler
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _shift(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One uniform in [0, 1) per row: SplitMix64 of (the row's seed, the index of the token it samples).
-    Counter-based, so a row's draws depend on nothing but its seed (not on the batch, nor on how many
-    draws came before), cost the same few vectorised ops for any number of rows, and carry no state
-    to checkpoint. int64 products wrap as the uint64 arithmetic of SplitMix64 does."""
-    z = seeds + (steps + 1) * _GOLDEN
-    z = (z ^ _shift(z, 30)) * _MIX1
-    z = (z ^ _shift(z, 27)) * _MIX2
-    z = z ^ _shift(z, 31)
-    return _shift(z, 11).double() * (1.0 / (1 << 53))
 
 
 def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +128,7 @@ class ContinuousSampler:
         request = Request(request_id=request_id, rows=[], version=self.host.weight_version)
         for i, seed in enumerate(seeds):
             row = Row(request=request, prompt=ids[i][pads[i]:], budget=budgets[i], sampling=sampling,
-                      stop_ids=stop_ids, seed=_signed(int(seed) & _MASK64))
+                      stop_ids=stop_ids, seed=signed_seed(seed))
             request.rows.append(row)
             if not row.done:
                 request.open += 1
@@ -326,15 +299,11 @@ class ContinuousSampler:
         logprobs = torch.empty(len(self.rows), dtype=torch.float32)
         for sampling, index in groups.items():
             logits = self.logits if len(index) == len(self.rows) else self.logits[index]
-            step = torch.log_softmax(process_logits(logits.float(), sampling.temperature, sampling.top_k,
-                                                    sampling.top_p), dim=-1)
-            cdf = step.exp().cumsum(-1)
             rows = [self.rows[i] for i in index]
-            u = row_uniforms(torch.tensor([r.seed for r in rows]), torch.tensor([len(r.tokens) for r in rows]))
-            u = u.to(device=cdf.device, dtype=cdf.dtype).clamp_(max=1 - 2**-24)  # float32 rounding must not reach 1
-            token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)
-            tokens[index] = token.squeeze(-1).cpu()
-            logprobs[index] = step.gather(-1, token).squeeze(-1).float().cpu()
+            token, logprob = sample_rows(logits, sampling, torch.tensor([r.seed for r in rows]),
+                                         torch.tensor([len(r.tokens) for r in rows]))
+            tokens[index] = token.cpu()
+            logprobs[index] = logprob.cpu()
         finished = []
         for row, token, logprob, version in zip(self.rows, tokens.tolist(), logprobs.tolist(), self.logits_versions):
             row.tokens.append(token)

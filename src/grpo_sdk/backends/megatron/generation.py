@@ -2,10 +2,12 @@
 
 What runs: a batched decode loop of this module over the mcore ``GPTModel``, whose attention keeps its
 keys and values in Megatron-Core's ``StaticInferenceContext`` (the KV cache of mcore's static
-inference path, megatron/core/inference/contexts/static_context.py). Sampling is the hf backend's:
-``process_logits`` (temperature, top-k, top-p) then ``log_softmax``, so each token's logprob is that
-of the distribution it was drawn from (processed logprobs), with EOS and ``stop_token_ids`` ending a
-row, ``max_new_tokens`` and a per-call ``seed``.
+inference path, megatron/core/inference/contexts/static_context.py). Sampling is the hf backend's
+(``sample_rows``): ``process_logits`` (temperature, top-k, top-p) then ``log_softmax``, so each token's
+logprob is that of the distribution it was drawn from (processed logprobs), each row drawing from its
+own seeded stream (``GenerationInput.seeds``, else seeds drawn from this backend's generator), so with
+the same seeds the two backends sample the same tokens; EOS and ``stop_token_ids`` end a row, and
+``GenerationInput.max_new_tokens`` bounds each row.
 
 Why not Megatron-Core's engines (measured with megatron-core 0.16.1 on this CPU, cpu_shims applied):
 
@@ -53,7 +55,7 @@ from grpo_sdk.backends.megatron import colocated
 from grpo_sdk.backends.megatron.bridging import adapt_bridge
 from grpo_sdk.backends.megatron.policy import causal_padding_mask, init_parallel_state
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, RunContext, SamplingParams
-from grpo_sdk.plugins.tensors import DTYPES, sample_token
+from grpo_sdk.plugins.tensors import DTYPES, draw_row_seeds, sample_rows
 from grpo_sdk.plugins.toolkit import load_tokenizer
 
 
@@ -168,9 +170,12 @@ class MegatronGeneration:
         lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         row_index = torch.arange(rows, device=self.device)
-        generator = self.generator
-        if sampling.seed is not None:  # reproducible, and the backend's own RNG stream is unaffected
-            generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        budgets = torch.full((rows,), new_tokens, dtype=torch.long, device=self.device)
+        if prompts.max_new_tokens is not None:
+            budgets = torch.minimum(budgets, prompts.max_new_tokens.to(self.device).long())
+        # seed=None leaves the backend's own generator alone when the caller gave seeds or sampling.seed.
+        seeds = prompts.seeds if prompts.seeds is not None else draw_row_seeds(self.generator, rows, sampling.seed)
+        seeds = seeds.long().cpu()
 
         start = int(prompt_len.min())
         if start == 0:
@@ -179,16 +184,16 @@ class MegatronGeneration:
         last_logits = forward(seq[:, :start], 0)
         for position in range(start, total):
             # ``last_logits`` predict the token at ``position``; a row samples once its prompt is behind it.
-            sampled_rows = (position >= prompt_len) & ~finished & (lengths < new_tokens)
+            sampled_rows = (position >= prompt_len) & ~finished & (lengths < budgets)
             if bool(sampled_rows.any()):
-                token, token_logprob = sample_token(last_logits[:, :self.vocab_size], sampling, generator)
+                token, token_logprob = sample_rows(last_logits[:, :self.vocab_size], sampling, seeds, lengths)
                 slot = lengths.clamp(max=new_tokens - 1)
                 tokens[row_index, slot] = torch.where(sampled_rows, token, tokens[row_index, slot])
                 logprobs[row_index, slot] = torch.where(sampled_rows, token_logprob, logprobs[row_index, slot])
                 lengths += sampled_rows.long()
                 finished |= sampled_rows & torch.isin(token, stop_ids)
                 seq[:, position] = torch.where(sampled_rows, token, seq[:, position])
-            if position + 1 == total or not bool((~finished & (lengths < new_tokens)).any()):
+            if position + 1 == total or not bool((~finished & (lengths < budgets)).any()):
                 break
             last_logits = forward(seq[:, position:position + 1], position)
         width_out = int(lengths.max())
