@@ -261,7 +261,7 @@ class BareGRPO:
                  lengths: list[list[int]] | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from grpo_sdk.rollouts.episodes import left_pad
+        from grpo_sdk.plugins.tensors import left_pad
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         self.tokenizer = tok = AutoTokenizer.from_pretrained(model_dir)

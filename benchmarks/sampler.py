@@ -121,7 +121,7 @@ def prompt_batch(tokenizer, spec: dict):
     """``prompts`` x ``generations`` rows: the real model's chat-templated arithmetic problems
     (vllm_vs_hf.py's), or scale.py's prompts on a built model; a prompt's samples adjacent."""
     from grpo_sdk.core.records import GenerationInput
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     if spec["chat"]:
         from vllm_vs_hf import arithmetic_batch

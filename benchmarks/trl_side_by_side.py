@@ -93,7 +93,7 @@ def run_trl(model_dir: Path, work: Path, steps: int, gradient_checkpointing: boo
 def bench_generation(trainer, reps: int, warmup: int) -> tuple[float, float]:
     """tokens/s of the bare loop and of HFGeneration.generate, interleaved, same model and inputs."""
     from grpo_sdk.core.records import GenerationInput, SamplingParams
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
     from grpo_sdk.rollouts.rollout import tokenize_prompts
 
     gen = trainer.components.generation

@@ -112,7 +112,7 @@ def arithmetic_batch(tokenizer, prompts: int, samples: int):
 
     from grpo_sdk.core.records import GenerationInput
     from grpo_sdk.data.prompts import PromptBuilder
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     repo = Path(__file__).resolve().parents[1]
     rows = (repo / "recipes/data/arithmetic_val.jsonl").read_text().splitlines()[:prompts]

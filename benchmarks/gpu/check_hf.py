@@ -270,7 +270,7 @@ def check_logprobs(env, report: Report) -> None:
     from grpo_sdk.config.schema import plugin_config
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import GenerationInput, SamplingParams
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     sizes, device = env["sizes"], env["device"]
     tokenizer = load_tokenizer(str(env["model_dir"]))

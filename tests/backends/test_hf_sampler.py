@@ -175,7 +175,7 @@ def test_a_continuation_prefills_only_what_the_kept_prefix_lacks(tiny_model_dir,
         out = gen.generate(first, SAMPLING)
         contexts = [first.input_ids[i][first.attention_mask[i].bool()].tolist() + rows_of(out, i)[0] + turn
                     for i in range(8)]
-        from grpo_sdk.backends.hf.sampler import left_pad
+        from grpo_sdk.plugins.tensors import left_pad
         ids, mask = left_pad(contexts, tokenizer.pad_token_id)
         calls = record_forwards(gen)
         second = gen.generate(GenerationInput(input_ids=ids, attention_mask=mask, seeds=torch.arange(8) + 100),

@@ -111,7 +111,7 @@ def test_vllm_logprobs_of_smollm2_match_the_hf_policys(registry, smollm2, pairin
     from grpo_sdk.core.models import load_tokenizer
     from grpo_sdk.core.records import GenerationInput, SamplingParams
     from grpo_sdk.data.prompts import PromptBuilder
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     engine_dtype, policy_settings = PAIRINGS[pairing]
     cfg = load_config(None, [f"policy.model_name={smollm2}", "loss_fn.reference_policy_kl_penalty=0", *VLLM,

@@ -17,7 +17,7 @@ from helpers import trainer_for
 
 def rollouts(prompts, responses, group_offset=0, pad=0):
     """A RolloutBatch from token lists: prompts left-padded, responses right-padded."""
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     prompt_ids, prompt_mask = left_pad(prompts, pad)
     width = max(len(r) for r in responses)

@@ -121,7 +121,7 @@ def config_problems(registry, *overrides: str) -> dict[str, str]:
 def prompt_batch(tokenizer, texts):
     """Left-padded ``GenerationInput`` of ``texts``, as the loop builds it."""
     from grpo_sdk.core.records import GenerationInput
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
 
     ids, mask = left_pad(tokenizer(texts)["input_ids"], tokenizer.pad_token_id)
     return GenerationInput(input_ids=ids, attention_mask=mask)

@@ -26,7 +26,7 @@ TOOLKIT_NAMES = [
     "write_text_atomic",
 ]
 TENSORS_NAMES = [
-    "DTYPES", "GroupLayout", "calculate_kl", "draw_row_seeds", "masked_mean", "position_ids_for", "process_logits",
+    "DTYPES", "GroupLayout", "calculate_kl", "draw_row_seeds", "left_pad", "masked_mean", "position_ids_for", "process_logits",
     "read_weights", "row_uniforms", "sample_rows", "sample_token", "shifted_moments", "signed_seed", "token_logprobs",
     "whiten", "write_weights",
 ]

@@ -64,17 +64,9 @@ class _Request:
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
-    """``[B, P]`` ids and attention mask, left-padded (``rollouts.episodes.left_pad``; a copy, so the
-    serving layer does not depend on the rollouts')."""
-    import torch  # the engine runs only where generation does
+    from grpo_sdk.plugins.tensors import left_pad as pad  # torch: the engine runs only where generation does
 
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row):] = 1
-    return ids, mask
+    return pad(rows, pad_id)
 
 
 def _rows(out: Any) -> list[Sampled]:

@@ -161,7 +161,7 @@ def _probe_weight_sync(trainer: Any, label: str, version: int, tolerance: float)
     from grpo_sdk.algorithms.loss import ClippedPGLoss
     from grpo_sdk.config.schema import LossConfig
     from grpo_sdk.core.records import GenerationInput, TrainBatch
-    from grpo_sdk.rollouts.episodes import left_pad
+    from grpo_sdk.plugins.tensors import left_pad
     from grpo_sdk.rollouts.rollout import tokenize_prompts
 
     cfg, parts = trainer.config, trainer.components

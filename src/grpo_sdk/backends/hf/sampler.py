@@ -34,7 +34,7 @@ import torch
 from grpo_sdk.backends.hf.kv_cache import GrowingCache, GrowingLayer
 from grpo_sdk.backends.hf.prefix_cache import PrefixCache
 from grpo_sdk.plugins import GenerationInput, GenerationOutput, SamplingParams
-from grpo_sdk.plugins.tensors import position_ids_for, sample_rows, signed_seed
+from grpo_sdk.plugins.tensors import left_pad, position_ids_for, sample_rows, signed_seed
 
 
 @attrs.define(eq=False)
@@ -62,16 +62,6 @@ class Request:
     version: int  # the weights' version when the request arrived: its output's version if it samples nothing
     open: int = 0  # rows not yet done
     error: BaseException | None = None  # set when a step failed while the request was in the sampler
-
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, P]`` ids and attention mask, each row right-aligned."""
-    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    width = int(lengths.max())
-    mask = torch.arange(width) >= (width - lengths)[:, None]
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    return ids, mask.long()
 
 
 def _rebuild(cache: Any, change: Callable[[torch.Tensor], torch.Tensor], room: int) -> None:
