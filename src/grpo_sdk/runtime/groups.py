@@ -24,6 +24,7 @@ receivers in flight together), ``group.submit(...)`` on each and one ``group.wai
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -143,7 +144,10 @@ class WorkerGroup:
         self.runtime = runtime
         self.workers = workers
         self.collective = collective  # ranks of one torch.distributed group: one failing stops the others
-        self._in_flight = 0
+        self._in_flight = 0  # calls being waited for; rollouts' scoring threads wait concurrently
+        # += is a read and a write. CPython 3.11's GIL happens not to switch between them (8 threads x 20k
+        # waits kept the count without the lock), but a free-threaded Python would lose counts.
+        self._in_flight_lock = threading.Lock()
         self._closed = False
         self._broken: str | None = None
         self.methods = ()  # the runtime sets what the workers report once they are set up
@@ -195,22 +199,26 @@ class WorkerGroup:
         finishes its collectives before it raises passes ``"wait"``: the others then end normally, and a
         peer that died is reported as the WorkerError naming it rather than as its peers' errors.
         ``deadline_key`` is the setting a missed deadline names (default cluster.call_timeout_s)."""
-        self._in_flight += 1
+        self._count_in_flight(+1)
         try:
             results = gather(calls, timeout=timeout or self.runtime.call_timeout,
                              on_app_error=on_app_error or ("kill" if self.collective else "wait"),
                              on_failure=self.runtime.record_failure,
                              deadline_key=deadline_key or "cluster.call_timeout_s")
         except Exception as exc:
-            self._in_flight -= 1  # every call has ended (answered, raised, or its worker was killed)
+            self._count_in_flight(-1)  # every call has ended (answered, raised, or its worker was killed)
             if self.collective and not isinstance(exc, WorkerError):
                 # One rank raised and the others were stopped: the group cannot take another call.
                 self._broken = f"a {self.role} rank raised {type(exc).__name__}: {exc}"
             raise
         # A KeyboardInterrupt leaves the count up: calls may still be running, and shutdown kills
         # the workers instead of queueing a teardown behind them.
-        self._in_flight -= 1
+        self._count_in_flight(-1)
         return results
+
+    def _count_in_flight(self, delta: int) -> None:
+        with self._in_flight_lock:
+            self._in_flight += delta
 
     # Protocol calls ------------------------------------------------------------------------------------
 
