@@ -9,6 +9,7 @@ groups scored while others still wait for their samples.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -76,6 +77,33 @@ class HangingOdd(SlowReverse):
         time.sleep(4.0 if any(m["odd"] for m in metadata) else 0.0)
 
 
+class AsyncSlowReverse(SlowReverse):
+    """``async def step``: a judge awaited for 0.2 s a call (odd: 30 s, cancelled at the deadline)."""
+
+    cancelled: ClassVar[list[bool]] = []
+
+    async def step(self, message_logs, metadata):
+        with Calls.lock:
+            Calls.in_flight += 1
+            Calls.most = max(Calls.most, Calls.in_flight)
+            Calls.sizes.append(len(message_logs))
+        try:
+            await asyncio.sleep(30.0 if self.hangs and any(m["odd"] for m in metadata) else 0.2)
+            return ReverseDigitsEnvironment.step(self, message_logs, metadata)
+        except asyncio.CancelledError:
+            AsyncSlowReverse.cancelled.append(True)
+            raise
+        finally:
+            with Calls.lock:
+                Calls.in_flight -= 1
+
+    hangs = False
+
+
+class AsyncHangingOdd(AsyncSlowReverse):
+    hangs = True
+
+
 class TwoTurns(ReverseDigitsEnvironment):
     """Two assistant turns: the first answered with "=1>", each scoring its digits / 10."""
 
@@ -93,7 +121,8 @@ class Components:
         return [ComponentSpec(name=name, kind="environment", impl=f"{__name__}:{impl}",
                               capabilities={"generates_prompts", "multi_turn"})
                 for name, impl in (("slow_reverse", "SlowReverse"), ("failing_odd", "FailingOdd"),
-                                   ("hanging_odd", "HangingOdd"), ("two_turns", "TwoTurns"))]
+                                   ("hanging_odd", "HangingOdd"), ("two_turns", "TwoTurns"),
+                                   ("async_slow", "AsyncSlowReverse"), ("async_hanging", "AsyncHangingOdd"))]
 
 
 pytestmark = pytest.mark.hook_plugin(Components())
@@ -159,6 +188,47 @@ def test_a_hung_call_stops_the_rollout_at_its_deadline_naming_the_sample(registr
         rollouts(registry, tmp_path, tiny_model_dir, "env.name=hanging_odd", "env.max_concurrent_calls=4",
                  "cluster.call_timeout_s=1")
     assert time.monotonic() - start < 30  # the group's call, then its first sample alone: 2 deadlines, plus set-up
+
+
+def test_an_async_environment_is_awaited_its_calls_interleaving_on_one_loop(registry, tmp_path, tiny_model_dir):
+    """``async def step``: the batch is the sync environment's, and the bound's calls are awaited at
+    once (4 calls of 0.2 s overlap on the process's event loop)."""
+    sync, _ = rollouts(registry, tmp_path, tiny_model_dir, "env.max_concurrent_calls=4",
+                       "policy.generation.hf.continuous_batching=false", name="sync")
+    one_call, _ = rollouts(registry, tmp_path, tiny_model_dir, "env.name=async_slow", "env.max_concurrent_calls=0",
+                           "policy.generation.hf.continuous_batching=false", name="one")
+    assert Calls.sizes == [16]
+    pooled, _ = rollouts(registry, tmp_path, tiny_model_dir, "env.name=async_slow", "env.max_concurrent_calls=4",
+                         "policy.generation.hf.continuous_batching=false", name="pooled")
+    assert Calls.sizes == [4, 4, 4, 4] and Calls.most == 4
+    for batch in (one_call, pooled):
+        for field in ("response_ids", "rewards", "reward_valid"):
+            assert torch.equal(getattr(sync, field), getattr(batch, field)), field
+
+
+def test_an_async_call_past_its_deadline_is_cancelled_and_names_the_sample(registry, tmp_path, tiny_model_dir):
+    AsyncSlowReverse.cancelled.clear()
+    start = time.monotonic()
+    with pytest.raises(EnvironmentStepError, match=r"async_hanging.*did not return a reward for sample 0 .*within 1 s"):
+        rollouts(registry, tmp_path, tiny_model_dir, "env.name=async_hanging", "env.max_concurrent_calls=4",
+                 "cluster.call_timeout_s=1")
+    assert time.monotonic() - start < 30  # the group's call, then its first sample alone: 2 deadlines, plus set-up
+    deadline = time.monotonic() + 5
+    while len(AsyncSlowReverse.cancelled) < 2 and time.monotonic() < deadline:  # cancellation lands on the loop
+        time.sleep(0.05)
+    assert len(AsyncSlowReverse.cancelled) == 2  # the group's call and the sample's: neither left running
+
+
+def test_a_ray_environment_worker_awaits_an_async_step():
+    """On Ray an environment actor's ``call`` returns what Ray can send back: the awaited result, not a
+    coroutine (the worker class itself, outside Ray: what its actor runs)."""
+    from grpo_sdk.runtime.workers import ComponentWorker
+
+    worker = ComponentWorker()
+    worker.component = AsyncSlowReverse(None, None)
+    log = [Message(role="user", content="12345>"), Message(role="assistant", content="54321")]
+    ret = worker.call("step", [log], [{"target": "54321", "odd": False, "slow": False}])
+    assert isinstance(ret, EnvironmentReturn) and ret.rewards["correct_digits"] == [1.0]
 
 
 class OneAtATime(BatchedGeneration):

@@ -153,6 +153,10 @@ class Environment(Protocol):
     Environments that also make their own prompts (synthetic tasks) implement ``PromptSampler``
     (below); the loop uses it when no dataset is configured. One that holds resources implements
     ``SupportsShutdown``.
+
+    ``step`` may be ``async def`` (an LLM judge, a remote sandbox): it is awaited on one event loop
+    of the process, the calls of ``env.max_concurrent_calls`` groups at once interleaving there, and
+    a call past ``cluster.call_timeout_s`` is cancelled.
     """
 
     def step(self, message_logs: Sequence[MessageLog], metadata: Sequence[dict[str, Any]]) -> EnvironmentReturn:

@@ -16,7 +16,8 @@ On the local runtime, ``EnvironmentDeadline`` gives environment calls the same d
 code that hangs in process stops the run as a stuck worker does on Ray: ``call_with_deadline`` runs
 the call on a daemon thread and abandons it on expiry; ``call_on_main_thread`` (environments that
 are ``RunsOnMainThread``, called from the main thread) runs it right there and interrupts it on
-expiry. Both raise ``CallTimeout``.
+expiry. Both raise ``CallTimeout``. An ``async def step`` runs on one event loop of the process
+(``environment_loop``), cancelled at its deadline (``await_with_deadline``).
 
 This module imports no Ray at import time (``WorkerError`` is importable anywhere, e.g. by code
 that must let it through a broad ``except Exception``).
@@ -25,6 +26,7 @@ that must let it through a broad ``except Exception``).
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import os
 import signal
 import sys
@@ -148,6 +150,51 @@ class _Overdue(BaseException):
     Exception`` (math-verify's parse has one) lets it through; turned into ``CallTimeout`` below."""
 
 
+_LOOP: list[Any] = []  # the event loop async environments run on: one per process, made on first use
+_LOOP_LOCK = threading.Lock()
+
+
+def environment_loop() -> Any:
+    """The process's event loop for ``async def`` environment methods, on a daemon thread: one loop
+    for every call, so a client an environment made in one call (an aiohttp session, an async OpenAI
+    client) is on the same loop in the next, and the coroutines of concurrent calls interleave."""
+    from grpo_sdk.plugins.toolkit import background_event_loop
+
+    with _LOOP_LOCK:
+        if not _LOOP:
+            _LOOP.append(background_event_loop("grpo-sdk: environment event loop"))
+        return _LOOP[0]
+
+
+def await_with_deadline(value: Any, *, timeout: float | None, what: str,
+                        deadline_key: str = "cluster.call_timeout_s") -> Any:
+    """``value``, or, when it is awaitable (what an ``async def step`` returns), its result, awaited
+    on ``environment_loop()`` for at most ``timeout`` seconds (None: no limit); on expiry the
+    coroutine is cancelled and ``CallTimeout`` raised. Cancelling reaches a coroutine at its next
+    ``await``; one that blocks the loop (a ``time.sleep`` inside ``async def``) is abandoned there."""
+    if not inspect.isawaitable(value):
+        return value
+    import asyncio
+    import concurrent.futures
+
+    async def result() -> Any:
+        return await value
+
+    future = asyncio.run_coroutine_threadsafe(result(), environment_loop())
+    backstop = timeout is not None and _has_stderr_fd()
+    if backstop:  # a coroutine stuck in native code holding the GIL: nothing else would fire
+        _arm_backstop(2 * timeout + 5)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise CallTimeout(f"{what} did not return within {timeout:g} s ({deadline_key})", call=what,
+                          elapsed=timeout) from None
+    finally:
+        if backstop:
+            _disarm_backstop()
+
+
 @attrs.define(eq=False)
 class _MainThreadCall:
     frame: Any  # call_on_main_thread's own frame: an interrupt that lands there (not in the call) waits
@@ -256,11 +303,16 @@ class EnvironmentDeadline:
             self.runs_on_main_thread = environment.runs_on_main_thread
 
     def step(self, message_logs: Any, metadata: Any) -> Any:
+        what = f"environment {self._name!r} step() on {len(message_logs)} samples"
+        if inspect.iscoroutinefunction(self.component.step):  # no thread: the coroutine runs on the loop
+            return await_with_deadline(self.component.step(message_logs, metadata), timeout=self._timeout, what=what)
         # On the main thread when the environment needs it and the loop runs there; elsewhere (the
         # asynchronous loop's collector thread) on a helper thread, as every other environment.
         call = call_on_main_thread if self._main_thread and can_interrupt_this_thread() else call_with_deadline
-        return call(self.component.step, message_logs, metadata, timeout=self._timeout,
-                    what=f"environment {self._name!r} step() on {len(message_logs)} samples")
+        started = time.monotonic()
+        ret = call(self.component.step, message_logs, metadata, timeout=self._timeout, what=what)
+        # A plain def that returns an awaitable gets what is left of the deadline
+        return await_with_deadline(ret, timeout=max(0.0, self._timeout - (time.monotonic() - started)), what=what)
 
     def _sample_prompts(self, num_prompts: int, rng: Any) -> Any:
         return call_with_deadline(self.component.sample_prompts, num_prompts, rng, timeout=self._timeout,

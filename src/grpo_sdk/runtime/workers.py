@@ -38,6 +38,7 @@ from grpo_sdk.core.protocols import (
     protocol_methods,
 )
 from grpo_sdk.runtime.allocator import fix_mmap_threshold
+from grpo_sdk.runtime.deadlines import await_with_deadline
 
 
 def optional_methods(component: Any) -> list[str]:
@@ -197,6 +198,9 @@ class ComponentWorker:
         group must drain a collective iterator such as an FSDP2 ``named_weights``)."""
         self._pin_threads()
         result = getattr(self.component, method)(*args, **kwargs)
+        # An async def method (an environment's step): awaited here, as a coroutine cannot be returned;
+        # the driver's deadline bounds it (it kills an actor that does not answer).
+        result = await_with_deadline(result, timeout=None, what=f"{method}()")
         if isinstance(result, (types.GeneratorType, Iterator)):
             result = list(result)
         return result if _want_result else None
