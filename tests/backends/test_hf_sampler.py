@@ -217,3 +217,24 @@ def test_row_uniforms_are_a_function_of_seed_and_index_alone():
     many = row_uniforms(torch.full((20000,), 12345), torch.arange(20000))
     assert 0 <= float(many.min()) and float(many.max()) < 1 and len(set(many.tolist())) == 20000
     assert abs(float(many.mean()) - 0.5) < 0.01 and abs(float((many < 0.1).float().mean()) - 0.1) < 0.01
+
+
+@pytest.mark.parametrize("options", [{"continuous_batching": False}, {"continuous_batching": True}])
+def test_only_the_sampler_takes_requests_one_at_a_time_and_the_serving_engine_uses_what_there_is(
+        tiny_model_dir, registry, tokenizer, options):
+    """The whole-batch loop (continuous_batching=false, or compile) is no AsyncGeneration: the serving
+    engine and the rollouts then batch requests into ``generate`` (they once called a submit that refused)."""
+    from grpo_sdk.core.optional_protocols import AsyncGeneration
+    from grpo_sdk.serving.engine import GenerationEngine
+
+    generation = make_generation(tiny_model_dir, registry, **options)
+    assert isinstance(generation, AsyncGeneration) == options["continuous_batching"]
+    engine = GenerationEngine(generation, pad_token_id=tokenizer.pad_token_id)
+    assert engine.streaming == options["continuous_batching"]
+    engine.start()
+    try:
+        sampled = engine.generate(tokenizer("123>")["input_ids"], SamplingParams(max_new_tokens=6, seed=3),
+                                  timeout_s=60)
+    finally:
+        engine.stop()
+    assert 1 <= len(sampled.ids) <= 6 and len(sampled.logprobs) == len(sampled.ids)

@@ -98,8 +98,7 @@ def _rows(out: GenerationOutput, start: int, stop: int) -> GenerationOutput:
 def as_async(generation: Any, pad_token_id: int) -> tuple[Any, bool]:
     """The generation as ``submit``/``poll``/``cancel``, and whether it streams on its own (an
     ``AsyncGeneration``; else ``BatchedGeneration``, which generates only when polled)."""
-    # hf's whole-batch loop (continuous_batching=false, or compile) has submit/poll that refuse: no sampler
-    if isinstance(generation, AsyncGeneration) and getattr(generation, "sampler", True) is not None:
+    if isinstance(generation, AsyncGeneration):
         return generation, True
     return BatchedGeneration(generation, pad_token_id), False
 

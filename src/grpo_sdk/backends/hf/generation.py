@@ -103,6 +103,11 @@ class HFGeneration(WholeBatchLoop):
             if config.continuous_batching and not config.compile else None
         self._engine_lock = threading.Lock()  # one thread runs a sampler step at a time; any may drive it
         self._submitted: dict[str, Request] = {}  # AsyncGeneration requests not yet polled
+        if self.sampler is not None:
+            # AsyncGeneration only with the sampler (instance attributes, so ``isinstance`` answers per
+            # backend): the whole-batch loop cannot take requests one at a time, and a caller that sees
+            # no submit (the rollouts, the serving engine) batches its requests into generate instead.
+            self.submit, self.poll, self.cancel = self._submit, self._poll, self._cancel
 
     def _shared_policy(self, config: HFGenerationConfig, context: RunContext):
         """The hf policy of this run and process whose module this generation samples with, or None."""
@@ -191,16 +196,13 @@ class HFGeneration(WholeBatchLoop):
             raise request.error
         return request_output(request, self.pad_token_id)
 
-    def submit(self, request_id: str, prompts: GenerationInput, sampling: SamplingParams) -> None:
+    def _submit(self, request_id: str, prompts: GenerationInput, sampling: SamplingParams) -> None:
         """Queue a request; ``poll`` runs the sampler (in the caller's thread) and returns it when done."""
-        if self.sampler is None:
-            raise RuntimeError("hf generation: submit/poll need policy.generation.hf.continuous_batching=true "
-                               "and compile=false")
         if request_id in self._submitted:
             raise ValueError(f"hf generation: request {request_id!r} was submitted and not yet polled")
         self._submitted[request_id] = self._add(request_id, prompts, sampling)
 
-    def poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | BaseException]]:
+    def _poll(self, timeout_s: float) -> list[tuple[str, GenerationOutput | BaseException]]:
         """Run sampler steps until a submitted request finishes or ``timeout_s`` passes; every finished
         request (or its error). While paused (without keeping requests in flight) nothing runs."""
         deadline = time.monotonic() + timeout_s
@@ -218,10 +220,8 @@ class HFGeneration(WholeBatchLoop):
                 with contextlib.suppress(Exception):  # the failed requests carry the error to their poll
                     self._step()
 
-    def cancel(self, request_ids) -> None:
+    def _cancel(self, request_ids) -> None:
         ids = set(request_ids)
-        if self.sampler is None:
-            return
         with self._engine_lock:
             self.sampler.cancel(ids)
         for rid in ids:
