@@ -17,16 +17,17 @@ SHARE_KEY = "policy.generation.hf.share_policy_model"
 class HFGenerationConfig:
     attn_implementation: Literal["sdpa", "eager"] | None = option(
         None, "Attention kernel passed to from_pretrained; null lets transformers choose.")
-    compile: bool = option(False, "torch.compile the sampling forward with a static KV cache: 1.7x faster "
-                           "decoding of a 0.4M-parameter model (docs/benchmarks.md, 2026-12-04), after a one-time "
-                           "compilation of ~20 s per (batch, prompt width) shape; needs a C++ compiler on CPU. Uses "
-                           "SDPA attention.")
+    compile: bool = option(False, "torch.compile the sampling forward with a static KV cache, in the whole-batch "
+                           "loop: 1.7x faster decoding of a 0.4M-parameter model (2026-12-04) but 1.63x slower on "
+                           "SmolLM2-135M under bf16 autocast (2026-12-07; docs/benchmarks.md), after a one-time "
+                           "compilation per (batch, prompt width) shape (~20 s on the small model); needs a C++ "
+                           "compiler on CPU. Uses SDPA attention.")
     prompt_bucket: int = option(8, "With compile: prompts are left-padded to a multiple of this width, so few "
                                 "shapes are compiled.", validator=[attrs.validators.gt(0), attrs.validators.le(MAX_TOKENS)])
     continuous_batching: bool = option(
         True, "Rows leave the decode batch as they finish and waiting rows take their place (at most max_num_seqs "
         "decode at once), the samples of one prompt share its prefill, and each row samples from its own seeded "
-        "generator (its tokens do not depend on the rest of the batch). false: the whole-batch loop, which "
+        "stream (its tokens do not depend on the rest of the batch). false: the whole-batch loop, which "
         "decodes every row until the longest ends and prefills each row (the loop before issue 35; compile "
         "always uses it, for its static shapes).")
     autocast: Literal["policy", "bfloat16"] | None = option(
