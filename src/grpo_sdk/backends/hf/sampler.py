@@ -231,9 +231,11 @@ class ContinuousSampler:
         # continue a kept prefix itself) keeps a view of its slice, any other row its own copy.
         mask = self.mask.index_select(0, rows).bool()
         gathered = [(layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in self.cache.layers]
-        counts, width = mask.sum(1).tolist(), mask.shape[1]
+        counts, width = mask.sum(1), mask.shape[1]
+        one_run = (mask.flip(1).long().cumprod(1).sum(1) == counts).tolist()  # its valid columns are the last ones
+        counts = counts.tolist()
         for j, row in enumerate(kept):
-            if bool(mask[j, width - counts[j]:].all()):
+            if one_run[j]:
                 layers = [(k[j, :, width - counts[j]:], v[j, :, width - counts[j]:]) for k, v in gathered]
             else:
                 layers = [(k[j][:, mask[j]], v[j][:, mask[j]]) for k, v in gathered]
