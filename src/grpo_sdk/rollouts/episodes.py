@@ -32,9 +32,9 @@ import attrs
 import torch
 
 from grpo_sdk.core.records import GenerationInput, Message, SamplingParams
-from grpo_sdk.serving.continuation import EnvironmentTurns
 from grpo_sdk.plugins.tensors import left_pad
 from grpo_sdk.rollouts.streaming import Scored, Scorer, as_async, row_seed
+from grpo_sdk.serving.continuation import EnvironmentTurns
 
 
 @attrs.define(kw_only=True, eq=False)

@@ -27,8 +27,8 @@ from grpo_sdk.core.agents import RunsAgents
 from grpo_sdk.core.errors import DataError
 from grpo_sdk.core.records import Message, SamplingParams, TrainBatch
 from grpo_sdk.data.prompts import Prompt, PromptBuilder
-from grpo_sdk.rollouts.environment_step import prompt_message
 from grpo_sdk.plugins.tensors import left_pad
+from grpo_sdk.rollouts.environment_step import prompt_message
 from grpo_sdk.rollouts.episodes import Episode, episode_metrics, flag_malformed_thinking, run_episodes
 
 if TYPE_CHECKING:

@@ -173,9 +173,8 @@ class MegatronGeneration:
         budgets = torch.full((rows,), new_tokens, dtype=torch.long, device=self.device)
         if prompts.max_new_tokens is not None:
             budgets = torch.minimum(budgets, prompts.max_new_tokens.to(self.device).long())
-        # seed=None leaves the backend's own generator alone when the caller gave seeds or sampling.seed.
+        # The backend's own generator moves only when the caller gave neither seeds nor sampling.seed.
         seeds = prompts.seeds if prompts.seeds is not None else draw_row_seeds(self.generator, rows, sampling.seed)
-        seeds = seeds.long().cpu()
 
         start = int(prompt_len.min())
         if start == 0:
